@@ -1,0 +1,221 @@
+package events_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+func everyRecord() []events.Event {
+	return append(proptest.SoundStream("run-1")[:13], proptest.FailedModelCall("run-1", 3)...)
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("missing golden file (run go test -update): %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s: wire encoding changed\n got %x\nwant %x", name, got, want)
+	}
+}
+
+// TestWireEncodingIsFrozen protects every record's msgpack bytes: an
+// accidental rename, retag or reorder fails here before it reaches a store.
+func TestWireEncodingIsFrozen(t *testing.T) {
+	for i, ev := range everyRecord() {
+		b, err := events.Marshal(ev)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		golden(t, fmt.Sprintf("wire/%02d_%s.msgpack", i, ev.Kind()), b)
+	}
+}
+
+func TestRoundTripEveryRecord(t *testing.T) {
+	id := ulid.MustParse("01JDQ6Z8Y0000000000000000Z")
+	for i, ev := range everyRecord() {
+		b, err := events.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := events.Unmarshal(id, b)
+		if err != nil {
+			t.Fatalf("record %d (%s): %v", i, ev.Kind(), err)
+		}
+		if env.ID != id || env.Kind != ev.Kind() || env.SchemaVersion != events.CurrentSchemaVersion {
+			t.Errorf("record %d: envelope %+v", i, env)
+		}
+		if !reflect.DeepEqual(env.Event, ev) {
+			t.Errorf("record %d: round trip\n got %#v\nwant %#v", i, env.Event, ev)
+		}
+	}
+}
+
+// TestStepRecordJSONNames protects the trajectory export format: exactly the
+// eighteen names, in order, with null for absent values.
+func TestStepRecordJSONNames(t *testing.T) {
+	steps := proptest.SoundStream("run-1")
+	var out bytes.Buffer
+	for _, ev := range steps {
+		if sc, ok := ev.(events.StepCompleted); ok {
+			b, err := json.Marshal(sc.Step)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out.Write(b)
+			out.WriteByte('\n')
+		}
+	}
+	golden(t, "json/steps.jsonl", out.Bytes())
+
+	var m map[string]any
+	first, _, _ := bytes.Cut(out.Bytes(), []byte("\n"))
+	if err := json.Unmarshal(first, &m); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Fields(`step_idx raw_output content_chars thinking_chars action parse_ok parse_error
+		observation observation_is_synthetic observation_truncated_chars prompt_chars call_id step_wall_ms
+		tool_name tool_arguments action_status env_reported_completion schema_version`)
+	if len(m) != len(want) {
+		t.Errorf("StepRecord has %d JSON fields, want %d", len(m), len(want))
+	}
+	for _, k := range want {
+		if _, ok := m[k]; !ok {
+			t.Errorf("StepRecord JSON lacks %q", k)
+		}
+	}
+	// A parse failure has no action: absent is null, not "".
+	if !strings.Contains(out.String(), `"action":null`) || !strings.Contains(out.String(), `"call_id":null`) {
+		t.Error("absent StepRecord fields are not exported as null")
+	}
+}
+
+func TestRunResultJSONNames(t *testing.T) {
+	final := "42"
+	r := events.RunResult{RunID: "run-1", StopReason: events.StopAgentFinished, FinalAnswer: &final,
+		Steps: []events.StepRecord{}, SchemaVersion: events.CurrentSchemaVersion}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.FinalAnswer = nil
+	b2, _ := json.Marshal(r)
+	golden(t, "json/run_result.json", append(append(b, '\n'), append(b2, '\n')...))
+}
+
+func rawEnvelope(t *testing.T, m map[string]any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestDecodeRefusesBadInput: each way a stored value can be wrong yields a
+// *DecodeError wrapping the sentinel that names it.
+func TestDecodeRefusesBadInput(t *testing.T) {
+	intent := map[string]any{"run_id": "r", "kind": "model_call", "call_index": 0, "result_id": "x", "replay_policy": "safe"}
+	cases := []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"empty bytes", nil, events.ErrMalformed},
+		{"corrupt bytes", []byte{0xde, 0xad, 0xbe, 0xef, 0x01}, events.ErrMalformed},
+		{"not a map", rawEnvelope(t, map[string]any{})[:0], events.ErrMalformed},
+		{"an integer", []byte{0x07}, events.ErrMalformed},
+		{"missing version", rawEnvelope(t, map[string]any{"kind": "intent", "payload": intent}), events.ErrMissingVersion},
+		{"empty version", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "", "payload": intent}), events.ErrMissingVersion},
+		{"unknown major", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "2.0", "payload": intent}), events.ErrUnknownMajor},
+		{"garbage version", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "v-one", "payload": intent}), events.ErrUnknownMajor},
+		{"unknown kind", rawEnvelope(t, map[string]any{"kind": "tool_called", "schema_version": "1.0", "payload": intent}), events.ErrUnknownKind},
+		{"missing payload", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "1.0"}), events.ErrPayloadMismatch},
+		{"payload is a string", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "1.0", "payload": "hi"}), events.ErrPayloadMismatch},
+		{"field of wrong type", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "1.0",
+			"payload": map[string]any{"run_id": "r", "kind": "model_call", "call_index": "zero", "result_id": "x", "replay_policy": "safe"}}), events.ErrPayloadMismatch},
+		{"intent payload under step kind", rawEnvelope(t, map[string]any{"kind": "step_completed", "schema_version": "1.0", "payload": intent}), events.ErrPayloadMismatch},
+		{"reply and failure both set", rawEnvelope(t, map[string]any{"kind": "model_call_result", "schema_version": "1.0",
+			"payload": map[string]any{"run_id": "r", "result_id": "x", "reply": map[string]any{"content": "a"}, "failure": "b"}}), events.ErrPayloadMismatch},
+		{"unknown stop reason", rawEnvelope(t, map[string]any{"kind": "run_finished", "schema_version": "1.0",
+			"payload": map[string]any{"run_id": "r", "result": map[string]any{"run_id": "r", "stop_reason": "bored", "schema_version": "1.0"}}}), events.ErrPayloadMismatch},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := events.Unmarshal(ulid.ULID{}, c.b)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("got %v, want %v", err, c.want)
+			}
+			var de *events.DecodeError
+			if !errors.As(err, &de) {
+				t.Fatalf("%T is not a *DecodeError", err)
+			}
+		})
+	}
+}
+
+func TestDecodeAcceptsNewerMinorAndUnknownFields(t *testing.T) {
+	b := rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "1.7", "payload": map[string]any{
+		"run_id": "r", "kind": "action", "call_index": 2, "result_id": "x", "replay_policy": "never", "added_later": true}})
+	env, err := events.Unmarshal(ulid.ULID{}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := env.Event.(events.Intent); in.CallIndex != 2 || in.IntentKind != events.IntentAction {
+		t.Errorf("decoded %+v", in)
+	}
+}
+
+func TestMarshalRefusesInvalidEvents(t *testing.T) {
+	for _, ev := range []events.Event{
+		events.Intent{RunID: "r", IntentKind: "tool", ResultID: "x", ReplayPolicy: events.ReplaySafe},
+		events.Intent{RunID: "r", IntentKind: events.IntentAction, ResultID: "x"},
+		events.ModelCallResult{RunID: "r", ResultID: "x"},
+		events.RunStarted{SchemaVersion: "1.0"},
+		events.StepCompleted{RunID: "r", ActionOutcome: &events.ActionOutcome{Status: events.StatusExecuted},
+			Step: events.StepRecord{SchemaVersion: "1.0"}},
+		nil,
+	} {
+		if _, err := events.Marshal(ev); err == nil {
+			t.Errorf("Marshal(%#v) succeeded", ev)
+		}
+	}
+}
+
+func TestStopReasonsAreTheFrozenTen(t *testing.T) {
+	want := "task_completed step_budget parse_failed_repeatedly context_overflow env_error llm_error agent_finished action_budget cancelled resume_state_unknown"
+	var got []string
+	for _, r := range events.StopReasons {
+		got = append(got, string(r))
+	}
+	if strings.Join(got, " ") != want {
+		t.Errorf("stop reasons changed:\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+}

@@ -1,0 +1,61 @@
+package events
+
+import (
+	"crypto/rand"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// IDSource mints ULIDs that strictly increase across all callers, even when
+// many goroutines ask in the same millisecond or the clock steps back. Stores
+// use it for event keys and the engine's driver for result ids. The zero
+// value is ready to use and safe for concurrent use.
+type IDSource struct {
+	mu      sync.Mutex
+	last    ulid.ULID
+	entropy io.Reader
+}
+
+// Next returns a ULID greater than every one returned before, stamped with
+// now's millisecond unless an earlier call was stamped later.
+func (s *IDSource) Next(now time.Time) ulid.ULID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.entropy == nil {
+		s.entropy = rand.Reader
+	}
+	ms := ulid.Timestamp(now)
+	if ms <= s.last.Time() && s.last != (ulid.ULID{}) {
+		next := s.last
+		if incremented(&next) {
+			s.last = next
+			return next
+		}
+		ms = s.last.Time() + 1 // entropy exhausted within one millisecond
+	}
+	var id ulid.ULID
+	if err := id.SetTime(ms); err != nil {
+		panic(err) // only past year 10889
+	}
+	if _, err := io.ReadFull(s.entropy, id[6:]); err != nil {
+		panic("events: crypto/rand failed: " + err.Error())
+	}
+	// Leave headroom so increments within this millisecond rarely overflow.
+	id[6] &= 0x7f
+	s.last = id
+	return id
+}
+
+// incremented adds one to the 80-bit entropy part; false on overflow.
+func incremented(id *ulid.ULID) bool {
+	for i := len(id) - 1; i >= 6; i-- {
+		id[i]++
+		if id[i] != 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,256 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind names an event record type on the wire.
+type Kind string
+
+const (
+	KindRunStarted      Kind = "run_started"       // a RunStarted record
+	KindIntent          Kind = "intent"            // an Intent record
+	KindModelCallResult Kind = "model_call_result" // a ModelCallResult record
+	KindStepCompleted   Kind = "step_completed"    // a StepCompleted record
+	KindRunFinished     Kind = "run_finished"      // a RunFinished record
+)
+
+// Event is one of the five records of a run's stream. The set is closed.
+type Event interface {
+	// Kind is the record's wire kind.
+	Kind() Kind
+	// Validate reports, naming the field, why the record cannot be part of a
+	// sound stream on its own (a missing run id, an unknown enum value, a
+	// result that is both reply and failure...). Cross-record rules belong
+	// to package recovery.
+	Validate() error
+	runID() string
+}
+
+// RunIDOf returns the run id carried by e.
+func RunIDOf(e Event) string { return e.runID() }
+
+// ModelReply is what a model call returned.
+type ModelReply struct {
+	// CallID is the provider's id for the call; "" means absent (an empty
+	// string is never a valid id) and is written as nil.
+	CallID string `msgpack:"call_id,omitempty" json:"call_id"`
+	// Content is the model-visible output.
+	Content string `msgpack:"content" json:"content"`
+	// Thinking is reasoning text, when the provider sends it.
+	Thinking string `msgpack:"thinking" json:"thinking"`
+}
+
+// ActionOutcome is what became of an action.
+type ActionOutcome struct {
+	Status                    ActionStatus `msgpack:"status" json:"status"`
+	Observation               string       `msgpack:"observation" json:"observation"`
+	ObservationIsSynthetic    bool         `msgpack:"observation_is_synthetic" json:"observation_is_synthetic"`
+	// EnvReportedCompletion is the environment's claim that the goal is
+	// reached, never the agent's.
+	EnvReportedCompletion     bool         `msgpack:"env_reported_completion" json:"env_reported_completion"`
+	ObservationTruncatedChars int          `msgpack:"observation_truncated_chars" json:"observation_truncated_chars"`
+}
+
+// Validate reports an invalid status.
+func (o ActionOutcome) Validate() error {
+	if !o.Status.Valid() {
+		return fmt.Errorf("action_outcome.status %q is not one of executed, not_executed, env_error", o.Status)
+	}
+	if o.ObservationTruncatedChars < 0 {
+		return errors.New("action_outcome.observation_truncated_chars is negative")
+	}
+	return nil
+}
+
+// StepRecord is one step of a trajectory. The first thirteen wire names are
+// inherited and frozen. Character counts are Unicode code points. Pointer
+// fields may be absent and are exported as JSON null.
+type StepRecord struct {
+	StepIdx                   int           `msgpack:"step_idx" json:"step_idx"`
+	RawOutput                 string        `msgpack:"raw_output" json:"raw_output"`
+	ContentChars              int           `msgpack:"content_chars" json:"content_chars"`
+	ThinkingChars             int           `msgpack:"thinking_chars" json:"thinking_chars"`
+	Action                    *string       `msgpack:"action" json:"action"`
+	ParseOK                   bool          `msgpack:"parse_ok" json:"parse_ok"`
+	ParseError                *string       `msgpack:"parse_error" json:"parse_error"`
+	Observation               string        `msgpack:"observation" json:"observation"`
+	ObservationIsSynthetic    bool          `msgpack:"observation_is_synthetic" json:"observation_is_synthetic"`
+	ObservationTruncatedChars int           `msgpack:"observation_truncated_chars" json:"observation_truncated_chars"`
+	PromptChars               int           `msgpack:"prompt_chars" json:"prompt_chars"`
+	CallID                    *string       `msgpack:"call_id" json:"call_id"`
+	StepWallMs                int64         `msgpack:"step_wall_ms" json:"step_wall_ms"`
+	ToolName                  *string       `msgpack:"tool_name" json:"tool_name"`
+	ToolArguments             *string       `msgpack:"tool_arguments" json:"tool_arguments"`
+	ActionStatus              *ActionStatus `msgpack:"action_status" json:"action_status"`
+	EnvReportedCompletion     bool          `msgpack:"env_reported_completion" json:"env_reported_completion"`
+	SchemaVersion             string        `msgpack:"schema_version" json:"schema_version"`
+}
+
+// Validate reports a step record no stream could hold.
+func (s StepRecord) Validate() error {
+	switch {
+	case s.StepIdx < 0:
+		return errors.New("step.step_idx is negative")
+	case s.ContentChars < 0, s.ThinkingChars < 0, s.PromptChars < 0, s.ObservationTruncatedChars < 0:
+		return errors.New("step has a negative character count")
+	case s.CallID != nil && *s.CallID == "":
+		return errors.New("step.call_id is the empty string (absent is null)")
+	case s.ActionStatus != nil && !s.ActionStatus.Valid():
+		return fmt.Errorf("step.action_status %q is not a valid status", *s.ActionStatus)
+	case s.SchemaVersion == "":
+		return errors.New("step.schema_version is missing")
+	}
+	return nil
+}
+
+// RunResult is how a run ended.
+type RunResult struct {
+	RunID      string     `msgpack:"run_id" json:"run_id"`
+	StopReason StopReason `msgpack:"stop_reason" json:"stop_reason"`
+	// FinalAnswer is set only when the run stopped with agent_finished.
+	FinalAnswer *string      `msgpack:"final_answer" json:"final_answer"`
+	Steps       []StepRecord `msgpack:"steps,omitempty" json:"steps"`
+	// SchemaVersion is the codec version the run was recorded with.
+	SchemaVersion string `msgpack:"schema_version" json:"schema_version"`
+	// EventDeliveryFailures counts sink errors and panics.
+	EventDeliveryFailures int `msgpack:"event_delivery_failures" json:"event_delivery_failures"`
+}
+
+// RunStarted is the first record of every stream.
+type RunStarted struct {
+	RunID             string            `msgpack:"run_id" json:"run_id"`
+	ParameterSnapshot map[string]string `msgpack:"parameter_snapshot" json:"parameter_snapshot"`
+	SchemaVersion     string            `msgpack:"schema_version" json:"schema_version"`
+}
+
+// Intent is written, durably, before a side effect. ResultID is allocated
+// before the side effect so its result can be matched after a crash.
+type Intent struct {
+	RunID        string       `msgpack:"run_id" json:"run_id"`
+	IntentKind   IntentKind   `msgpack:"kind" json:"kind"`
+	CallIndex    int          `msgpack:"call_index" json:"call_index"`
+	ResultID     string       `msgpack:"result_id" json:"result_id"`
+	ReplayPolicy ReplayPolicy `msgpack:"replay_policy" json:"replay_policy"`
+}
+
+// ModelCallResult records how a model call ended: exactly one of Reply and
+// Failure is set.
+type ModelCallResult struct {
+	RunID    string      `msgpack:"run_id" json:"run_id"`
+	ResultID string      `msgpack:"result_id" json:"result_id"`
+	Reply    *ModelReply `msgpack:"reply" json:"reply"`
+	Failure  *string     `msgpack:"failure" json:"failure"`
+}
+
+// StepCompleted closes a step. ResultID is non-empty exactly when an action
+// intent was written for the step, and then equals that intent's result id;
+// ActionOutcome is nil when no action was attempted.
+type StepCompleted struct {
+	RunID         string         `msgpack:"run_id" json:"run_id"`
+	ResultID      string         `msgpack:"result_id" json:"result_id"`
+	ActionOutcome *ActionOutcome `msgpack:"action_outcome" json:"action_outcome"`
+	Step          StepRecord     `msgpack:"step" json:"step"`
+}
+
+// RunFinished is the last record of every run that stopped. Its Result holds
+// no steps: they are in the stream as StepCompleted records already.
+type RunFinished struct {
+	RunID  string    `msgpack:"run_id" json:"run_id"`
+	Result RunResult `msgpack:"result" json:"result"`
+}
+
+func (RunStarted) Kind() Kind      { return KindRunStarted }
+func (Intent) Kind() Kind          { return KindIntent }
+func (ModelCallResult) Kind() Kind { return KindModelCallResult }
+func (StepCompleted) Kind() Kind   { return KindStepCompleted }
+func (RunFinished) Kind() Kind     { return KindRunFinished }
+
+func (e RunStarted) runID() string      { return e.RunID }
+func (e Intent) runID() string          { return e.RunID }
+func (e ModelCallResult) runID() string { return e.RunID }
+func (e StepCompleted) runID() string   { return e.RunID }
+func (e RunFinished) runID() string     { return e.RunID }
+
+func requireRunID(id string) error {
+	if id == "" {
+		return errors.New("run_id is empty")
+	}
+	return nil
+}
+
+// Validate implements Event.
+func (e RunStarted) Validate() error {
+	if err := requireRunID(e.RunID); err != nil {
+		return err
+	}
+	if e.SchemaVersion == "" {
+		return errors.New("schema_version is missing")
+	}
+	return nil
+}
+
+// Validate implements Event.
+func (e Intent) Validate() error {
+	switch {
+	case e.RunID == "":
+		return requireRunID(e.RunID)
+	case !e.IntentKind.Valid():
+		return fmt.Errorf("kind %q is not one of model_call, action", e.IntentKind)
+	case e.CallIndex < 0:
+		return fmt.Errorf("call_index %d is negative", e.CallIndex)
+	case e.ResultID == "":
+		return errors.New("result_id is empty")
+	case !e.ReplayPolicy.Valid():
+		return fmt.Errorf("replay_policy %q is not one of never, safe", e.ReplayPolicy)
+	}
+	return nil
+}
+
+// Validate implements Event.
+func (e ModelCallResult) Validate() error {
+	switch {
+	case e.RunID == "":
+		return requireRunID(e.RunID)
+	case e.ResultID == "":
+		return errors.New("result_id is empty")
+	case (e.Reply == nil) == (e.Failure == nil):
+		return errors.New("exactly one of reply and failure must be set")
+	}
+	return nil
+}
+
+// Validate implements Event.
+func (e StepCompleted) Validate() error {
+	if err := requireRunID(e.RunID); err != nil {
+		return err
+	}
+	if e.ActionOutcome != nil {
+		if err := e.ActionOutcome.Validate(); err != nil {
+			return err
+		}
+		if e.ActionOutcome.Status != StatusNotExecuted && e.ResultID == "" {
+			return fmt.Errorf("action_outcome %s requires a result_id", e.ActionOutcome.Status)
+		}
+	}
+	return e.Step.Validate()
+}
+
+// Validate implements Event.
+func (e RunFinished) Validate() error {
+	if err := requireRunID(e.RunID); err != nil {
+		return err
+	}
+	switch {
+	case e.Result.RunID != e.RunID:
+		return fmt.Errorf("result.run_id %q differs from run_id %q", e.Result.RunID, e.RunID)
+	case !e.Result.StopReason.Valid():
+		return fmt.Errorf("result.stop_reason %q is not a frozen stop reason", e.Result.StopReason)
+	case len(e.Result.Steps) != 0:
+		return errors.New("result.steps must be empty: steps live in the stream as step_completed")
+	case e.Result.EventDeliveryFailures < 0:
+		return errors.New("result.event_delivery_failures is negative")
+	}
+	return nil
+}
