@@ -1,0 +1,35 @@
+// Package kv is the bbolt implementation of seams.RunStore: one file, one
+// nested bucket per run under a root bucket, monotonic ULID keys, msgpack
+// envelope values, and an index bucket kept in the same transaction that
+// lists runs without scanning their streams.
+//
+// # Basics
+//
+// Open a file with Open; share the *Store between all runs of a process; Close
+// it when done. Append writes one call's events in one transaction and
+// returns once they are durable. Load returns a run's stream; a run never
+// written is an empty stream and no error. Runs lists the index.
+//
+// # Group commit
+//
+// Appends from concurrent runs are group-committed: a single writer takes
+// every append queued at the moment it becomes free and commits them in one
+// bbolt transaction, so one fsync serves them all, and each caller returns
+// only when that transaction is durable. The writer never waits for company:
+// an append arriving at an idle store is committed at once. (bbolt's own
+// Batch waits up to MaxBatchDelay for company, which makes a lone run's
+// durable write many times slower.) A refused append in a group does not
+// affect the others: the rules of seams.CheckAppend are checked against the
+// index before anything of that append is written.
+//
+// # Caveats
+//
+// The file is locked while open; a second Open (from this or another process)
+// waits Options.LockTimeout and then fails with ErrLocked. Read-only opens
+// share the lock with other readers. A damaged or truncated file yields
+// ErrCorrupt (or a decoding error), never a panic: bbolt page faults on a
+// truncated mapping are turned into errors with debug.SetPanicOnFault.
+//
+// What does not live here: the rules of what a sound stream is (package
+// recovery) and the views built from a stream (package projections).
+package kv

@@ -1,0 +1,460 @@
+package kv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+var _ seams.RunStore = (*Store)(nil)
+
+// Errors returned by the store, in addition to the seams contract errors.
+var (
+	// ErrLocked: another process (or another Open in this one) holds the file.
+	ErrLocked = errors.New("kv: store file is locked by another process")
+	// ErrCorrupt: the file or a stream in it is damaged.
+	ErrCorrupt = errors.New("kv: store is corrupt")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("kv: store is closed")
+	// ErrReadOnly: the store was opened read-only.
+	ErrReadOnly = errors.New("kv: store is read-only")
+)
+
+var (
+	runsBucket  = []byte("runs")
+	indexBucket = []byte("index")
+)
+
+// DefaultLockTimeout bounds the wait for a file held by another process.
+const DefaultLockTimeout = time.Second
+
+// Options configure Open. The zero value is a durable read-write store.
+type Options struct {
+	// ReadOnly opens the file for inspection: no writes, a shared lock, and
+	// the file must exist.
+	ReadOnly bool
+	// LockTimeout bounds the wait for the file lock; zero means
+	// DefaultLockTimeout.
+	LockTimeout time.Duration
+	// NoSync skips fsync. Data may be lost on a machine crash; for
+	// benchmarks that measure CPU only.
+	NoSync bool
+	// MaxGroup caps how many appends one transaction serves; zero means 1024.
+	MaxGroup int
+}
+
+// Store is a bbolt-backed seams.RunStore, safe for concurrent use.
+type Store struct {
+	db       *bolt.DB
+	path     string
+	readOnly bool
+	maxGroup int
+	ids      events.IDSource
+
+	queue   chan *appendRequest
+	stop    chan struct{}
+	stopped chan struct{}
+	once    sync.Once
+	closeMu sync.RWMutex
+	closed  bool
+
+	txCount   uint64 // durable transactions committed, for tests and benchmarks
+	txCountMu sync.Mutex
+}
+
+type appendRequest struct {
+	runID string
+	evs   []events.Event
+	vals  [][]byte
+	envs  []events.Envelope
+	err   error
+	done  chan struct{}
+}
+
+// Open opens or creates the store file at path with mode 0600.
+func Open(path string, o Options) (*Store, error) {
+	timeout := o.LockTimeout
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
+	if o.ReadOnly {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return nil, fmt.Errorf("kv: open %s read-only: %w", path, err)
+		}
+		if fi.Size() == 0 {
+			return nil, fmt.Errorf("%w: %s is empty, not a store", ErrCorrupt, path)
+		}
+	}
+	// bbolt reads pages while opening; on a truncated file that faults. The
+	// file is captured so a fault does not leave its lock behind.
+	var file *os.File
+	openFile := func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		file = f
+		return f, err
+	}
+	var db *bolt.DB
+	err := withFaultsAsPanics(func() (err error) {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: o.ReadOnly, NoSync: o.NoSync, OpenFile: openFile})
+		return err
+	})
+	if err != nil && db == nil && file != nil && errors.Is(err, ErrCorrupt) {
+		file.Close()
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, bolterrors.ErrTimeout):
+			return nil, fmt.Errorf("%w: %s (waited %s)", ErrLocked, path, timeout)
+		case errors.Is(err, ErrCorrupt):
+			return nil, err
+		case errors.As(err, new(*os.PathError)), errors.As(err, new(*os.SyscallError)):
+			return nil, fmt.Errorf("kv: open %s: %w", path, err)
+		}
+		// bbolt's remaining open errors (invalid, checksum, version
+		// mismatch, file size too small...) all mean a damaged file.
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	s := &Store{db: db, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup}
+	if s.maxGroup <= 0 {
+		s.maxGroup = 1024
+	}
+	if err := s.prepare(); err != nil {
+		withFaultsAsPanics(db.Close)
+		return nil, err
+	}
+	if !o.ReadOnly {
+		s.queue = make(chan *appendRequest, s.maxGroup)
+		s.stop = make(chan struct{})
+		s.stopped = make(chan struct{})
+		go s.writer()
+	}
+	return s, nil
+}
+
+// prepare checks that the file is whole and its top-level buckets are
+// readable, then (read-write) creates the buckets of a new store.
+func (s *Store) prepare() error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return fmt.Errorf("kv: open %s: %w", s.path, err)
+	}
+	err = withFaultsAsPanics(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			if tx.Size() > fi.Size() {
+				return fmt.Errorf("%w: %s is truncated: %d bytes, its pages need %d", ErrCorrupt, s.path, fi.Size(), tx.Size())
+			}
+			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
+			if (runs == nil) != (index == nil) {
+				return fmt.Errorf("%w: %s: one of the runs and index buckets is missing", ErrCorrupt, s.path)
+			}
+			if index != nil {
+				return index.ForEach(func(k, v []byte) error { return nil })
+			}
+			return nil
+		})
+	})
+	if err != nil || s.readOnly {
+		return err
+	}
+	return withFaultsAsPanics(func() error {
+		return s.db.Update(func(tx *bolt.Tx) error {
+			for _, name := range [][]byte{runsBucket, indexBucket} {
+				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+					return fmt.Errorf("%w: %s: bucket %s: %v", ErrCorrupt, s.path, name, err)
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// guard turns a panic inside bbolt (a damaged page, or a fault on a truncated
+// mapping) into ErrCorrupt.
+func guard(err *error, op string) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: %s: %v", ErrCorrupt, op, r)
+	}
+}
+
+// withFaultsAsPanics runs f with memory faults turned into recoverable
+// panics on this goroutine, so a truncated file cannot crash the process.
+func withFaultsAsPanics(f func() error) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer guard(&err, "read")
+	return f()
+}
+
+// Path is the file the store was opened on.
+func (s *Store) Path() string { return s.path }
+
+// Parameters implements seams.RunStore: the codec's schema version and the
+// store kind. Never the path.
+func (s *Store) Parameters() map[string]string {
+	return map[string]string{"kind": "bbolt", "schema_version": events.CurrentSchemaVersion}
+}
+
+// Append implements seams.RunStore. If ctx ends while the append is queued or
+// being committed, Append returns ctx's error; the events may still land.
+func (s *Store) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+	if s.readOnly {
+		return nil, ErrReadOnly
+	}
+	if len(evs) == 0 {
+		return nil, errors.New("kv: append: no events")
+	}
+	req := &appendRequest{runID: runID, evs: evs, vals: make([][]byte, len(evs)), done: make(chan struct{})}
+	for i, ev := range evs {
+		b, err := events.Marshal(ev)
+		if err != nil {
+			return nil, err
+		}
+		req.vals[i] = b
+	}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return nil, ErrClosed
+	}
+	select {
+	case s.queue <- req:
+		s.closeMu.RUnlock()
+	case <-ctx.Done():
+		s.closeMu.RUnlock()
+		return nil, ctx.Err()
+	}
+	select {
+	case <-req.done:
+		return req.envs, req.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// writer is the single goroutine that commits queued appends in groups.
+func (s *Store) writer() {
+	debug.SetPanicOnFault(true)
+	defer close(s.stopped)
+	group := make([]*appendRequest, 0, s.maxGroup)
+	for {
+		group = group[:0]
+		select {
+		case r := <-s.queue:
+			group = append(group, r)
+		case <-s.stop:
+			return
+		}
+	collect:
+		for len(group) < s.maxGroup {
+			select {
+			case r := <-s.queue:
+				group = append(group, r)
+			default:
+				break collect
+			}
+		}
+		s.commit(group)
+	}
+}
+
+func (s *Store) commit(group []*appendRequest) {
+	err := func() (err error) {
+		defer guard(&err, "append")
+		return s.db.Update(func(tx *bolt.Tx) error {
+			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
+			if runs == nil || index == nil {
+				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
+			}
+			for _, r := range group {
+				r.err = s.apply(runs, index, r)
+			}
+			return nil
+		})
+	}()
+	if err == nil {
+		s.txCountMu.Lock()
+		s.txCount++
+		s.txCountMu.Unlock()
+	}
+	for _, r := range group {
+		if err != nil && r.err == nil {
+			r.err, r.envs = err, nil
+		}
+		close(r.done)
+	}
+}
+
+// apply writes one request into the open transaction, or refuses it having
+// written nothing.
+func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
+	key := []byte(r.runID)
+	var info RunInfo
+	started := false
+	if v := index.Get(key); v != nil {
+		if err := msgpack.Unmarshal(v, &info); err != nil {
+			return fmt.Errorf("%w: index entry of run %q: %v", ErrCorrupt, r.runID, err)
+		}
+		started = true
+	}
+	if err := seams.CheckAppend(r.runID, started, info.Status == StatusFinished, r.evs); err != nil {
+		return err
+	}
+	b, err := runs.CreateBucketIfNotExists(key)
+	if err != nil {
+		return fmt.Errorf("kv: bucket for run %q: %w", r.runID, err)
+	}
+	if !started {
+		info = RunInfo{RunID: r.runID, Status: StatusRunning}
+	}
+	now := time.Now()
+	envs := make([]events.Envelope, len(r.evs))
+	for i, ev := range r.evs {
+		id := s.ids.Next(now)
+		if err := b.Put(id[:], r.vals[i]); err != nil {
+			return fmt.Errorf("kv: put event of run %q: %w", r.runID, err)
+		}
+		envs[i] = events.Envelope{ID: id, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		info.observe(envs[i])
+	}
+	v, err := msgpack.Marshal(&info)
+	if err != nil {
+		return fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)
+	}
+	if err := index.Put(key, v); err != nil {
+		return fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)
+	}
+	r.envs = envs
+	return nil
+}
+
+// Load implements seams.RunStore. A value that does not decode makes Load
+// fail with an error wrapping every *events.DecodeError of the stream.
+func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	var out []events.Envelope
+	err := withFaultsAsPanics(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			runs := tx.Bucket(runsBucket)
+			if runs == nil {
+				return nil // an empty read-only store
+			}
+			b := runs.Bucket([]byte(runID))
+			if b == nil {
+				return nil
+			}
+			var bad []error
+			c := b.Cursor()
+			for k, v := c.First(); k != nil; k, v = c.Next() {
+				if len(k) != len(ulid.ULID{}) {
+					bad = append(bad, fmt.Errorf("%w: run %q: key %x is not a ULID", ErrCorrupt, runID, k))
+					continue
+				}
+				env, err := events.Unmarshal(ulid.ULID(k), bytes.Clone(v))
+				if err != nil {
+					bad = append(bad, err)
+					continue
+				}
+				out = append(out, env)
+			}
+			return errors.Join(bad...)
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: load run %q: %w", runID, err)
+	}
+	return out, nil
+}
+
+// Runs lists every run in the index, ordered by run id.
+func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	var out []RunInfo
+	err := withFaultsAsPanics(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			index := tx.Bucket(indexBucket)
+			if index == nil {
+				return nil
+			}
+			return index.ForEach(func(k, v []byte) error {
+				var info RunInfo
+				if err := msgpack.Unmarshal(v, &info); err != nil {
+					return fmt.Errorf("%w: index entry of run %q: %v", ErrCorrupt, k, err)
+				}
+				out = append(out, info)
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: list runs: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) checkOpen() error {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Transactions is the number of write transactions committed so far. Tests
+// and benchmarks use it to count durable writes per step.
+func (s *Store) Transactions() uint64 {
+	s.txCountMu.Lock()
+	defer s.txCountMu.Unlock()
+	return s.txCount
+}
+
+// Close stops the writer after the appends already queued and closes the
+// file. Later calls return nil.
+func (s *Store) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.closeMu.Lock()
+		s.closed = true
+		s.closeMu.Unlock()
+		if s.queue != nil {
+			// No new request can enter the queue now; commit what is there.
+			close(s.stop)
+			<-s.stopped
+			for {
+				select {
+				case r := <-s.queue:
+					s.commit([]*appendRequest{r})
+					continue
+				default:
+				}
+				break
+			}
+		}
+		err = s.db.Close()
+	})
+	return err
+}

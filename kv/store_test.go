@@ -1,0 +1,289 @@
+package kv_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// holdLockEnv makes the test binary a child that holds a store open.
+const holdLockEnv = "POLYLOOP_KV_HOLD_LOCK"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(holdLockEnv); path != "" {
+		s, err := kv.Open(path, kv.Options{})
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("locked")
+		bufio.NewReader(os.Stdin).ReadString('\n') // hold until the parent says so
+		s.Close()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func openTemp(t *testing.T, o kv.Options) *kv.Store {
+	t.Helper()
+	s, err := kv.Open(filepath.Join(t.TempDir(), "runs.db"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestStoreKeepsTheRunStoreContract(t *testing.T) {
+	proptest.RunStoreContract(t, func(t *testing.T) seams.RunStore { return openTemp(t, kv.Options{}) })
+}
+
+func TestFileIsCreatedWithMode0600(t *testing.T) {
+	s := openTemp(t, kv.Options{})
+	fi, err := os.Stat(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600", fi.Mode().Perm())
+	}
+}
+
+func TestFileHeldByAnotherProcessFailsAfterBoundedWait(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "held.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holdLockEnv+"="+path)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	if strings.TrimSpace(line) != "locked" {
+		t.Fatalf("child: %q", line)
+	}
+	for _, o := range []kv.Options{{LockTimeout: 100 * time.Millisecond}, {ReadOnly: true, LockTimeout: 100 * time.Millisecond}} {
+		_, err := kv.Open(path, o)
+		if !errors.Is(err, kv.ErrLocked) {
+			t.Fatalf("open %+v: got %v, want ErrLocked", o, err)
+		}
+		if !strings.Contains(err.Error(), "locked by another process") || !strings.Contains(err.Error(), path) {
+			t.Errorf("error does not say what happened: %v", err)
+		}
+	}
+}
+
+func writeSampleStore(t *testing.T, path string) {
+	t.Helper()
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 20 {
+		id := fmt.Sprintf("run-%02d", r)
+		if _, err := s.Append(context.Background(), id, proptest.SoundStream(id)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readAll opens path and reads every run; it reports the first error.
+func readAll(path string, o kv.Options) error {
+	s, err := kv.Open(path, o)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	runs, err := s.Runs(context.Background())
+	if err != nil {
+		return err
+	}
+	for _, r := range runs {
+		got, err := s.Load(context.Background(), r.RunID)
+		if err != nil {
+			return err
+		}
+		want := proptest.SoundStream(r.RunID)
+		if len(got) != len(want) {
+			return fmt.Errorf("run %s: %d events, want %d", r.RunID, len(got), len(want))
+		}
+		for i := range want {
+			if !reflect.DeepEqual(got[i].Event, want[i]) {
+				return fmt.Errorf("run %s: event %d differs", r.RunID, i)
+			}
+		}
+	}
+	if len(runs) != 20 {
+		return fmt.Errorf("%d runs listed", len(runs))
+	}
+	return nil
+}
+
+// TestDamagedFilesGiveErrorsNotPanics: truncation at many points and random
+// bytes are reported as errors by Open, Runs or Load.
+func TestDamagedFilesGiveErrorsNotPanics(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.db")
+	writeSampleStore(t, good)
+	whole, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := readAll(good, kv.Options{ReadOnly: true}); err != nil {
+		t.Fatalf("sound file: %v", err)
+	}
+	for _, frac := range []int{0, 1, 5, 10, 25, 50, 75, 90, 99} {
+		for _, ro := range []bool{true, false} {
+			name := fmt.Sprintf("truncated to %d%% readonly=%v", frac, ro)
+			path := filepath.Join(dir, fmt.Sprintf("trunc-%d-%v.db", frac, ro))
+			if err := os.WriteFile(path, whole[:len(whole)*frac/100], 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if frac == 0 && !ro {
+				continue // an empty file opened read-write is a new store
+			}
+			// bbolt grows files ahead of use, so a cut in the unused tail
+			// leaves a whole store; then every run must read back intact.
+			// Cuts into used pages must be errors.
+			err := readAll(path, kv.Options{ReadOnly: ro})
+			if err == nil && frac < 90 {
+				t.Errorf("%s: no error", name)
+			}
+			if err != nil && !errors.Is(err, kv.ErrCorrupt) {
+				t.Errorf("%s: got %v, want ErrCorrupt", name, err)
+			}
+		}
+	}
+	random := make([]byte, len(whole))
+	rand.Read(random)
+	path := filepath.Join(dir, "random.db")
+	os.WriteFile(path, random, 0o600)
+	for _, ro := range []bool{true, false} {
+		err := readAll(path, kv.Options{ReadOnly: ro})
+		if !errors.Is(err, kv.ErrCorrupt) {
+			t.Errorf("random bytes (readonly=%v): got %v, want ErrCorrupt", ro, err)
+		}
+	}
+}
+
+func TestReadOnlyStoreRefusesWritesAndMissingFiles(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := kv.Open(filepath.Join(dir, "absent.db"), kv.Options{ReadOnly: true}); err == nil {
+		t.Fatal("read-only open of a missing file succeeded")
+	}
+	path := filepath.Join(dir, "s.db")
+	writeSampleStore(t, path)
+	s, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Append(context.Background(), "run-00", proptest.SoundStream("run-00")[0]); !errors.Is(err, kv.ErrReadOnly) {
+		t.Fatalf("got %v, want ErrReadOnly", err)
+	}
+	// Two readers may share the file.
+	s2, err := kv.Open(path, kv.Options{ReadOnly: true, LockTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("second reader: %v", err)
+	}
+	s2.Close()
+}
+
+func TestRunsListsTheIndex(t *testing.T) {
+	s := openTemp(t, kv.Options{})
+	ctx := context.Background()
+	full := proptest.SoundStream("done")
+	if _, err := s.Append(ctx, "done", full...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "open", proptest.SoundStream("open")[:5]...); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := s.Runs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 {
+		t.Fatalf("%d runs", len(runs))
+	}
+	d, o := runs[0], runs[1]
+	if d.RunID != "done" || d.Status != kv.StatusFinished || d.Steps != 4 || d.StopReason != events.StopAgentFinished || d.Events != len(full) {
+		t.Errorf("finished run: %+v", d)
+	}
+	if o.RunID != "open" || o.Status != kv.StatusRunning || o.Steps != 1 || o.StopReason != "" || o.Events != 5 {
+		t.Errorf("running run: %+v", o)
+	}
+	if d.FirstEvent.IsZero() || d.LastEvent.Before(d.FirstEvent) {
+		t.Errorf("event times: %v .. %v", d.FirstEvent, d.LastEvent)
+	}
+}
+
+// TestConcurrentAppendsShareTransactions: with many callers, fewer durable
+// transactions than appends are committed, and every caller's events are
+// there when it returns.
+func TestConcurrentAppendsShareTransactions(t *testing.T) {
+	s := openTemp(t, kv.Options{})
+	ctx := context.Background()
+	const runs = 64
+	before := s.Transactions()
+	var wg sync.WaitGroup
+	for r := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("g%02d", r)
+			for i, ev := range proptest.SoundStream(id) {
+				if _, err := s.Append(ctx, id, ev); err != nil {
+					t.Error(err)
+					return
+				}
+				got, err := s.Load(ctx, id)
+				if err != nil || len(got) != i+1 {
+					t.Errorf("run %s: after append %d Load has %d events (%v)", id, i, len(got), err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	appends := uint64(runs * len(proptest.SoundStream("x")))
+	txs := s.Transactions() - before
+	t.Logf("%d appends in %d transactions", appends, txs)
+	if txs >= appends {
+		t.Errorf("no group commit: %d transactions for %d appends", txs, appends)
+	}
+}
+
+func TestClosedStoreRefusesWork(t *testing.T) {
+	s := openTemp(t, kv.Options{})
+	s.Close()
+	ctx := context.Background()
+	if _, err := s.Append(ctx, "r", proptest.SoundStream("r")[0]); !errors.Is(err, kv.ErrClosed) {
+		t.Errorf("Append: %v", err)
+	}
+	if _, err := s.Load(ctx, "r"); !errors.Is(err, kv.ErrClosed) {
+		t.Errorf("Load: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}

@@ -1,0 +1,217 @@
+package proptest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// RunStoreContract checks that a seams.RunStore keeps the contract the
+// engine and recovery rely on. open must return a new, empty store; the suite
+// runs its subtests sequentially against stores it opens.
+func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
+	ctx := context.Background()
+	mustLoad := func(t *testing.T, s seams.RunStore, run string) []events.Envelope {
+		t.Helper()
+		got, err := s.Load(ctx, run)
+		if err != nil {
+			t.Fatalf("Load(%q): %v", run, err)
+		}
+		return got
+	}
+	mustAppend := func(t *testing.T, s seams.RunStore, run string, evs ...events.Event) []events.Envelope {
+		t.Helper()
+		envs, err := s.Append(ctx, run, evs...)
+		if err != nil {
+			t.Fatalf("Append(%q, %d events): %v", run, len(evs), err)
+		}
+		return envs
+	}
+
+	t.Run("UnknownRunLoadsEmptyWithoutError", func(t *testing.T) {
+		s := open(t)
+		if got := mustLoad(t, s, "never-written"); len(got) != 0 {
+			t.Fatalf("unknown run has %d events", len(got))
+		}
+	})
+
+	t.Run("EveryRecordRoundTripsInOrder", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("rt")
+		var appended []events.Envelope
+		for i := 0; i < len(stream); {
+			n := 1 + i%3 // mix one-event and multi-event appends
+			if i+n > len(stream) {
+				n = len(stream) - i
+			}
+			appended = append(appended, mustAppend(t, s, "rt", stream[i:i+n]...)...)
+			i += n
+		}
+		got := mustLoad(t, s, "rt")
+		if len(got) != len(stream) {
+			t.Fatalf("loaded %d events, appended %d", len(got), len(stream))
+		}
+		for i, env := range got {
+			if !reflect.DeepEqual(env.Event, stream[i]) {
+				t.Errorf("event %d: got %#v, want %#v", i, env.Event, stream[i])
+			}
+			if env.ID != appended[i].ID || env.Kind != stream[i].Kind() || env.SchemaVersion == "" {
+				t.Errorf("event %d: envelope %v/%s differs from the one Append returned (%v)", i, env.ID, env.Kind, appended[i].ID)
+			}
+			if i > 0 && env.ID.Compare(got[i-1].ID) <= 0 {
+				t.Errorf("event %d: ids not increasing", i)
+			}
+		}
+		failed := append([]events.Event{SoundStream("mf")[0]}, FailedModelCall("mf", 0)...)
+		mustAppend(t, s, "mf", failed...)
+		got = mustLoad(t, s, "mf")
+		for i := range failed {
+			if !reflect.DeepEqual(got[i].Event, failed[i]) {
+				t.Errorf("failed-call event %d: got %#v, want %#v", i, got[i].Event, failed[i])
+			}
+		}
+	})
+
+	t.Run("FirstEventMustBeRunStarted", func(t *testing.T) {
+		s := open(t)
+		_, err := s.Append(ctx, "r", SoundStream("r")[1])
+		if !errors.Is(err, seams.ErrRunNotStarted) {
+			t.Fatalf("got %v, want ErrRunNotStarted", err)
+		}
+		if got := mustLoad(t, s, "r"); len(got) != 0 {
+			t.Fatalf("refused append left %d events", len(got))
+		}
+	})
+
+	t.Run("OneAppendIsAtomic", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("a")
+		mustAppend(t, s, "a", stream[:2]...)
+		bad := []events.Event{
+			stream[2], stream[3],
+			events.Intent{RunID: "someone-else", IntentKind: events.IntentAction, ResultID: "x", ReplayPolicy: events.ReplayNever},
+		}
+		if _, err := s.Append(ctx, "a", bad...); err == nil {
+			t.Fatal("append with an event of another run succeeded")
+		}
+		if _, err := s.Append(ctx, "a", stream[2], stream[0]); !errors.Is(err, seams.ErrRunExists) {
+			t.Fatalf("second RunStarted mid-batch: got %v, want ErrRunExists", err)
+		}
+		if got := mustLoad(t, s, "a"); len(got) != 2 {
+			t.Fatalf("refused appends changed the stream: %d events, want 2", len(got))
+		}
+	})
+
+	t.Run("RunStartedOnNonEmptyStreamFails", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("x")
+		mustAppend(t, s, "x", stream[0])
+		if _, err := s.Append(ctx, "x", stream[0]); !errors.Is(err, seams.ErrRunExists) {
+			t.Fatalf("got %v, want ErrRunExists", err)
+		}
+	})
+
+	t.Run("ExactlyOneOfConcurrentStartsWins", func(t *testing.T) {
+		s := open(t)
+		const n = 50
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				start := events.RunStarted{RunID: "race", SchemaVersion: events.CurrentSchemaVersion,
+					ParameterSnapshot: map[string]string{"who": fmt.Sprint(i)}}
+				_, errs[i] = s.Append(ctx, "race", start)
+			}()
+		}
+		wg.Wait()
+		wins := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				wins++
+			case !errors.Is(err, seams.ErrRunExists):
+				t.Errorf("loser got %v, want ErrRunExists", err)
+			}
+		}
+		if wins != 1 {
+			t.Fatalf("%d of %d concurrent starts won, want exactly 1", wins, n)
+		}
+		if got := mustLoad(t, s, "race"); len(got) != 1 {
+			t.Fatalf("stream has %d events after the race, want 1", len(got))
+		}
+	})
+
+	t.Run("NothingFollowsRunFinished", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("f")
+		mustAppend(t, s, "f", stream...)
+		extra := events.Intent{RunID: "f", IntentKind: events.IntentModelCall, CallIndex: 4, ResultID: "late", ReplayPolicy: events.ReplaySafe}
+		if _, err := s.Append(ctx, "f", extra); !errors.Is(err, seams.ErrRunFinished) {
+			t.Fatalf("got %v, want ErrRunFinished", err)
+		}
+		if _, err := s.Append(ctx, "f", stream[len(stream)-1]); !errors.Is(err, seams.ErrRunFinished) {
+			t.Fatalf("second RunFinished: got %v, want ErrRunFinished", err)
+		}
+		if got := mustLoad(t, s, "f"); len(got) != len(stream) {
+			t.Fatalf("stream has %d events, want %d", len(got), len(stream))
+		}
+	})
+
+	t.Run("ConcurrentRunsKeepTheirOwnOrder", func(t *testing.T) {
+		s := open(t)
+		const runs = 16
+		var wg sync.WaitGroup
+		for r := range runs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := fmt.Sprintf("c%02d", r)
+				for _, ev := range SoundStream(id) {
+					if _, err := s.Append(ctx, id, ev); err != nil {
+						t.Errorf("run %s: %v", id, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for r := range runs {
+			id := fmt.Sprintf("c%02d", r)
+			got := mustLoad(t, s, id)
+			want := SoundStream(id)
+			if len(got) != len(want) {
+				t.Fatalf("run %s: %d events, want %d", id, len(got), len(want))
+			}
+			for i := range want {
+				if !reflect.DeepEqual(got[i].Event, want[i]) {
+					t.Fatalf("run %s event %d out of order or changed", id, i)
+				}
+			}
+		}
+	})
+
+	t.Run("InvalidEventsAreRefusedWithAReason", func(t *testing.T) {
+		s := open(t)
+		cases := map[string][]events.Event{
+			"no events":    nil,
+			"nil event":    {nil},
+			"empty run id": {events.RunStarted{SchemaVersion: events.CurrentSchemaVersion}},
+		}
+		for name, evs := range cases {
+			if _, err := s.Append(ctx, "v", evs...); err == nil || err.Error() == "" {
+				t.Errorf("%s: got %v, want an error", name, err)
+			}
+		}
+		if got := mustLoad(t, s, "v"); len(got) != 0 {
+			t.Fatalf("refused appends wrote %d events", len(got))
+		}
+	})
+}

@@ -1,0 +1,96 @@
+// Package seamstest holds test doubles for the seams: an in-memory RunStore
+// today; scripted models, executors and recording sinks join it with the
+// engine. Like net/http/httptest, it is for tests; nothing here is durable.
+package seamstest
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+var _ seams.RunStore = (*MemStore)(nil)
+
+// MemStore is an in-memory seams.RunStore that keeps the same append rules
+// as kv.Store (it passes proptest.RunStoreContract). Events are encoded and
+// decoded on the way in and out, so a test against it also exercises the
+// codec. Safe for concurrent use; the zero value is ready.
+type MemStore struct {
+	mu      sync.Mutex
+	streams map[string][]stored
+	ids     events.IDSource
+	appends int
+}
+
+type stored struct {
+	env events.Envelope
+	val []byte
+}
+
+// Append implements seams.RunStore.
+func (m *MemStore) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	vals := make([][]byte, len(evs))
+	for i, ev := range evs {
+		b, err := events.Marshal(ev)
+		if err != nil {
+			return nil, err
+		}
+		vals[i] = b
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	stream := m.streams[runID]
+	finished := len(stream) > 0 && stream[len(stream)-1].env.Kind == events.KindRunFinished
+	if err := seams.CheckAppend(runID, len(stream) > 0, finished, evs); err != nil {
+		return nil, err
+	}
+	if m.streams == nil {
+		m.streams = map[string][]stored{}
+	}
+	now := time.Now()
+	envs := make([]events.Envelope, len(evs))
+	for i, ev := range evs {
+		envs[i] = events.Envelope{ID: m.ids.Next(now), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		stream = append(stream, stored{env: envs[i], val: vals[i]})
+	}
+	m.streams[runID] = stream
+	m.appends++
+	return envs, nil
+}
+
+// Load implements seams.RunStore.
+func (m *MemStore) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	stream := m.streams[runID]
+	m.mu.Unlock()
+	out := make([]events.Envelope, 0, len(stream))
+	for _, s := range stream {
+		env, err := events.Unmarshal(s.env.ID, s.val)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, env)
+	}
+	return out, nil
+}
+
+// Transactions is the number of successful Append calls.
+func (m *MemStore) Transactions() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return uint64(m.appends)
+}
+
+// Parameters implements seams.RunStore.
+func (m *MemStore) Parameters() map[string]string {
+	return map[string]string{"kind": "memory", "schema_version": events.CurrentSchemaVersion}
+}

@@ -1,0 +1,13 @@
+package seamstest_test
+
+import (
+	"testing"
+
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+func TestMemStoreKeepsTheRunStoreContract(t *testing.T) {
+	proptest.RunStoreContract(t, func(*testing.T) seams.RunStore { return new(seamstest.MemStore) })
+}
