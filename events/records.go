@@ -44,13 +44,13 @@ type ModelReply struct {
 
 // ActionOutcome is what became of an action.
 type ActionOutcome struct {
-	Status                    ActionStatus `msgpack:"status" json:"status"`
-	Observation               string       `msgpack:"observation" json:"observation"`
-	ObservationIsSynthetic    bool         `msgpack:"observation_is_synthetic" json:"observation_is_synthetic"`
+	Status                 ActionStatus `msgpack:"status" json:"status"`
+	Observation            string       `msgpack:"observation" json:"observation"`
+	ObservationIsSynthetic bool         `msgpack:"observation_is_synthetic" json:"observation_is_synthetic"`
 	// EnvReportedCompletion is the environment's claim that the goal is
 	// reached, never the agent's.
-	EnvReportedCompletion     bool         `msgpack:"env_reported_completion" json:"env_reported_completion"`
-	ObservationTruncatedChars int          `msgpack:"observation_truncated_chars" json:"observation_truncated_chars"`
+	EnvReportedCompletion     bool `msgpack:"env_reported_completion" json:"env_reported_completion"`
+	ObservationTruncatedChars int  `msgpack:"observation_truncated_chars" json:"observation_truncated_chars"`
 }
 
 // Validate reports an invalid status.
