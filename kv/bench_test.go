@@ -1,0 +1,169 @@
+package kv_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/proptest"
+)
+
+// oneStep is a step's four records (model intent, model result, action
+// intent, step completed) for run id.
+func oneStep(id string) []events.Event { return proptest.SoundStream(id)[1:5] }
+
+func encodedStep(b *testing.B) [][]byte {
+	var vals [][]byte
+	for _, ev := range oneStep("bench") {
+		v, err := events.Marshal(ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		vals = append(vals, v)
+	}
+	return vals
+}
+
+// rawUpdate is the floor: one bbolt Update putting the same bytes under
+// ULID keys in a run's nested bucket, as kv does, with no index or checks.
+func rawUpdate(db *bolt.DB, ids *events.IDSource, run []byte, vals [][]byte) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		root, err := tx.CreateBucketIfNotExists([]byte("runs"))
+		if err != nil {
+			return err
+		}
+		b, err := root.CreateBucketIfNotExists(run)
+		if err != nil {
+			return err
+		}
+		for _, v := range vals {
+			id := ids.Next(time.Now())
+			if err := b.Put(id[:], v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func openRaw(b *testing.B) *bolt.DB {
+	db, err := bolt.Open(filepath.Join(b.TempDir(), "raw.db"), 0o600, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	return db
+}
+
+func openBench(b *testing.B) *kv.Store {
+	s, err := kv.Open(filepath.Join(b.TempDir(), "kv.db"), kv.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// startedRun appends a RunStarted so step records may follow.
+func startedRun(b *testing.B, s *kv.Store, id string) {
+	if _, err := s.Append(context.Background(), id, proptest.SoundStream(id)[0]); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkStep measures one step's four durable records, written as four
+// transactions and as two (coalesced), beside raw bbolt Updates of the same
+// bytes. Compare kv/N against raw/N.
+func BenchmarkStep(b *testing.B) {
+	for _, txs := range []int{4, 2} {
+		groups := [][]int{{0, 1}, {1, 2}, {2, 3}, {3, 4}}
+		if txs == 2 {
+			groups = [][]int{{0, 1}, {1, 4}} // intent | result+intent+step
+		}
+		b.Run(fmt.Sprintf("raw/txs=%d", txs), func(b *testing.B) {
+			db, vals, run := openRaw(b), encodedStep(b), []byte("bench")
+			var ids events.IDSource
+			for b.Loop() {
+				for _, g := range groups {
+					if err := rawUpdate(db, &ids, run, vals[g[0]:g[1]]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("kv/txs=%d", txs), func(b *testing.B) {
+			s, step, ctx := openBench(b), oneStep("bench"), context.Background()
+			startedRun(b, s, "bench")
+			for b.Loop() {
+				for _, g := range groups {
+					if _, err := s.Append(ctx, "bench", step[g[0]:g[1]]...); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkConcurrentAppend measures appends of one step's records (two
+// coalesced transactions) from 1, 8 and 64 goroutines, each its own run,
+// beside raw bbolt Updates from as many goroutines (bbolt serialises them:
+// one fsync each). ns/op is per step across all goroutines.
+func BenchmarkConcurrentAppend(b *testing.B) {
+	for _, g := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("raw/goroutines=%d", g), func(b *testing.B) {
+			db, vals := openRaw(b), encodedStep(b)
+			var ids events.IDSource
+			parallelSteps(b, g, func(w int) error {
+				run := []byte(fmt.Sprint("w", w))
+				if err := rawUpdate(db, &ids, run, vals[:1]); err != nil {
+					return err
+				}
+				return rawUpdate(db, &ids, run, vals[1:])
+			})
+		})
+		b.Run(fmt.Sprintf("kv/goroutines=%d", g), func(b *testing.B) {
+			s, ctx := openBench(b), context.Background()
+			for w := range g {
+				startedRun(b, s, fmt.Sprint("w", w))
+			}
+			parallelSteps(b, g, func(w int) error {
+				run := fmt.Sprint("w", w)
+				step := oneStep(run)
+				if _, err := s.Append(ctx, run, step[0]); err != nil {
+					return err
+				}
+				_, err := s.Append(ctx, run, step[1:]...)
+				return err
+			})
+		})
+	}
+}
+
+// parallelSteps runs b.N steps spread over g goroutines.
+func parallelSteps(b *testing.B, g int, step func(worker int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for w := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if err := step(w); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
