@@ -1,7 +1,22 @@
-// Package seams holds the interfaces through which a consumer plugs into
-// PolyLoop and the shapes passed through them. This file set grows with the
-// engine; today it holds the RunStore contract and its append rules.
+// Package seams holds the five interfaces through which a consumer plugs into
+// PolyLoop (ModelClient, DecisionParser, ActionExecutor, RunStore,
+// EventSink), the shapes passed through them (ModelCall, Message, ParsedReply,
+// the closed Decision sum, ActionCall, ToolCall), and the immutable tool
+// Registry that turns tool functions into an ActionExecutor.
 //
-// What does not live here: implementations (kv.Store is the bbolt store;
-// seams/seamstest holds test doubles) and the loop itself (package engine).
+// Every seam reports Parameters(): synchronous, no I/O, only the settings
+// that change behaviour (never a file path or a credential). The engine
+// stores them, prefixed, in the run's parameter snapshot, and Resume refuses
+// to continue a run whose seams changed.
+//
+// # Shape changes from the specification
+//
+// ActionExecutor.Execute takes an ActionCall, not a bare Action: the call
+// carries the run id, step index and the pre-allocated result id, exactly as
+// ModelCall does for the model, so an executor can make a replayed side
+// effect idempotent (the result id is the same on a replay).
+//
+// What does not live here: implementations of the seams (kv.Store is the
+// bbolt RunStore; seams/seamstest holds test doubles) and the loop that
+// drives them (package engine).
 package seams

@@ -1,6 +1,3 @@
-// Package seamstest holds test doubles for the seams: an in-memory RunStore
-// today; scripted models, executors and recording sinks join it with the
-// engine. Like net/http/httptest, it is for tests; nothing here is durable.
 package seamstest
 
 import (

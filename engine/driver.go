@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// Run starts the run req.RunID and drives it until it stops. Its error is
+// for infrastructure only (an invalid definition or request, a store
+// failure, a cancelled run whose RunFinished could not be written within the
+// grace); every way the loop itself stops is a RunResult with a stop reason.
+// Run fails with ErrRunExists when the run id already has a log, before
+// writing anything.
+func Run(ctx context.Context, def Definition, req Request) (events.RunResult, error) {
+	cfg, err := prepare(def, req)
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	existing, err := def.Store.Load(ctx, req.RunID)
+	if err != nil {
+		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
+	}
+	if len(existing) > 0 {
+		return events.RunResult{}, fmt.Errorf("engine: run %q: %w", req.RunID, ErrRunExists)
+	}
+	return newDriver(def, req).drive(ctx, newMachine(cfg))
+}
+
+// prepare validates everything and builds the run's fixed configuration.
+// It does no I/O beyond asking the seams for their parameters.
+func prepare(def Definition, req Request) (*config, error) {
+	if err := def.validate(); err != nil {
+		return nil, err
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	snap, err := snapshot(def, req)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &config{
+		runID: req.RunID, budget: req.Budget, modelPolicy: req.ModelReplayPolicy,
+		obsTemplate: req.observationTemplate(), synthetic: def.Synthetic.withDefaults(),
+		parser: def.Parser, tools: req.Tools, binding: req.ModelBinding, snapshot: snap,
+	}
+	cfg.prefix = promptPrefix(req)
+	for _, msg := range cfg.prefix {
+		cfg.prefixChars += messageChars(msg)
+	}
+	return cfg, nil
+}
+
+// promptPrefix is the stable part of every prompt, in the order that lets
+// provider prefix caching work: run-level messages, injections (channels
+// sorted, entries in order, each a system message), the tool section
+// (omitted without tools), goal-level messages.
+func promptPrefix(req Request) []seams.Message {
+	out := slices.Clone(req.Context.RunLevel)
+	for _, ch := range slices.Sorted(maps.Keys(req.Injections)) {
+		for _, inj := range req.Injections[ch] {
+			out = append(out, seams.Text(seams.RoleSystem, inj.Content))
+		}
+	}
+	if req.Tools != nil && len(req.Tools.Names()) > 0 {
+		section := strings.Replace(req.toolSectionTemplate(), "{tools}", req.Tools.SchemaForModel(), 1)
+		out = append(out, seams.Text(seams.RoleSystem, section))
+	}
+	return append(out, req.Context.GoalLevel...)
+}
+
+// driver carries out the machine's commands: durable appends, model calls,
+// actions, sink delivery. It owns the clock and the id source.
+type driver struct {
+	def      Definition
+	req      Request
+	ids      *events.IDSource
+	failures int
+}
+
+// resultIDs mints result ids for every run of the process: ULIDs, unique and
+// increasing.
+var resultIDs events.IDSource
+
+func newDriver(def Definition, req Request) *driver {
+	return &driver{def: def, req: req, ids: &resultIDs}
+}
+
+func (d *driver) observe(ctx context.Context, in input) input {
+	in.at = time.Now()
+	in.freshID = d.ids.Next(in.at).String()
+	in.cancelled = ctx.Err() != nil
+	in.failures = d.failures
+	return in
+}
+
+// drive runs the machine from inBegin until it is done.
+func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error) {
+	in := input{kind: inBegin}
+	for {
+		cmd := m.step(d.observe(ctx, in))
+		switch cmd.kind {
+		case cmdAppend:
+			envs, err := d.append(ctx, cmd.events)
+			if err != nil {
+				return events.RunResult{}, err
+			}
+			in = input{kind: inAppended, envs: envs}
+		case cmdCallModel:
+			reply, err := d.callModel(ctx, cmd.model)
+			in = input{kind: inModelReturned, reply: reply, err: err}
+		case cmdExecute:
+			out, err := d.execute(ctx, cmd.action)
+			in = input{kind: inActionReturned, outcome: out, err: err}
+		case cmdDone:
+			r := cmd.result
+			r.EventDeliveryFailures = d.failures
+			return r, nil
+		default:
+			return events.RunResult{}, fmt.Errorf("engine: internal error: %s", cmd.err)
+		}
+	}
+}
+
+// append makes evs durable — in one transaction, or one per event when
+// coalescing is off — and delivers each to the sink once durable. After
+// cancellation the write uses a context detached from ctx, bounded by the
+// grace, so RunFinished{cancelled} can still be recorded.
+func (d *driver) append(ctx context.Context, evs []events.Event) ([]events.Envelope, error) {
+	wctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), d.req.cancelGrace())
+		defer cancel()
+	}
+	groups := [][]events.Event{evs}
+	if d.req.OneEventPerTransaction {
+		groups = groups[:0]
+		for _, ev := range evs {
+			groups = append(groups, []events.Event{ev})
+		}
+	}
+	var out []events.Envelope
+	for _, g := range groups {
+		envs, err := d.def.Store.Append(wctx, d.req.RunID, g...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("engine: run %q cancelled and its end could not be recorded within %s (it can be resumed): %w",
+					d.req.RunID, d.req.cancelGrace(), err)
+			}
+			return nil, fmt.Errorf("engine: append to run %q: %w", d.req.RunID, err)
+		}
+		for _, env := range envs {
+			d.emit(wctx, env)
+		}
+		out = append(out, envs...)
+	}
+	return out, nil
+}
+
+// emit delivers one durable event; errors and panics are counted.
+func (d *driver) emit(ctx context.Context, env events.Envelope) {
+	if d.def.Events == nil {
+		return
+	}
+	defer func() {
+		if recover() != nil {
+			d.failures++
+		}
+	}()
+	if err := d.def.Events.Emit(ctx, env); err != nil {
+		d.failures++
+	}
+}
+
+func (d *driver) callModel(ctx context.Context, call seams.ModelCall) (reply events.ModelReply, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			reply, err = events.ModelReply{}, fmt.Errorf("model client panicked: %v", p)
+		}
+	}()
+	return d.def.Model.Call(ctx, call)
+}
+
+func (d *driver) execute(ctx context.Context, call seams.ActionCall) (out events.ActionOutcome, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = events.ActionOutcome{}, fmt.Errorf("executor panicked: %v", p)
+		}
+	}()
+	return d.req.Executor.Execute(ctx, call)
+}

@@ -1,0 +1,515 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// The machine is the run loop as a pure reducer, in the manner of etcd's
+// raft: step takes an input and returns the one command the driver must
+// carry out next. It reads no clock, mints no ids, holds no context and does
+// no I/O: the driver observes the time, a fresh id and whether the run was
+// cancelled, and passes them in with every input.
+//
+// Its state is a fold of the run's durable events. When it plans a batch of
+// events it applies them at once (apply is the only transition), so the
+// rest of the batch is planned from the state the batch leads to; if the
+// append fails the driver abandons the machine, and Resume rebuilds one from
+// what is durable. Replay feeds stored events through the same apply.
+
+// inputKind says what happened.
+type inputKind int
+
+const (
+	inBegin          inputKind = iota // start the run, or continue it after replay
+	inReplayed                        // a stored event (Resume)
+	inAppended                        // the last append command is durable
+	inModelReturned                   // the model call returned or failed
+	inActionReturned                  // the action returned or failed
+)
+
+// input is what the driver tells the machine.
+type input struct {
+	kind inputKind
+	// observed by the driver for every input
+	at        time.Time
+	freshID   string // unused id the machine may give one intent
+	cancelled bool
+	failures  int // sink delivery failures so far
+	// per kind
+	env     events.Envelope   // inReplayed
+	envs    []events.Envelope // inAppended
+	reply   events.ModelReply // inModelReturned
+	outcome events.ActionOutcome
+	err     error // inModelReturned, inActionReturned
+}
+
+// cmdKind says what the driver must do next.
+type cmdKind int
+
+const (
+	cmdNone      cmdKind = iota // nothing (after a replayed event)
+	cmdAppend                   // make events durable, in order, then report inAppended
+	cmdCallModel                // call the model, then report inModelReturned
+	cmdExecute                  // execute the action, then report inActionReturned
+	cmdDone                     // the run is over; return result
+	cmdFail                     // the machine was driven wrongly (a bug)
+)
+
+// command is the machine's answer. Ordering rule: the events of a cmdAppend
+// must be durable before the driver reports inAppended, and the machine only
+// asks for a side effect (cmdCallModel, cmdExecute) once the intent for it
+// has been reported durable.
+type command struct {
+	kind   cmdKind
+	events []events.Event
+	model  seams.ModelCall
+	action seams.ActionCall
+	result events.RunResult
+	err    string
+}
+
+// config is a run's fixed inputs, prepared once.
+type config struct {
+	runID       string
+	budget      Budget
+	modelPolicy events.ReplayPolicy
+	obsTemplate string
+	synthetic   SyntheticObservations
+	parser      seams.DecisionParser
+	tools       *seams.Registry
+	binding     map[string]string
+	snapshot    map[string]string
+	prefix      []seams.Message // run-level, injections, tool section, goal-level
+	prefixChars int
+}
+
+// current is the step in progress.
+type current struct {
+	intent   *events.Intent // model intent
+	intentAt time.Time      // when it became durable: the step's start
+	issued   bool           // intent written by this machine, not replayed
+	reply    *events.ModelReply
+	failure  *string
+	parsed   *seams.ParsedReply
+	action   *events.Intent // action intent
+	acted    bool           // action intent written by this machine
+}
+
+type machine struct {
+	cfg      *config
+	started  bool
+	finished *events.RunResult
+
+	steps         []events.StepRecord
+	actions       int // executed actions
+	parseFailures int // consecutive
+	history       []seams.Message
+	historyChars  int
+	cur           current
+
+	batch []events.Event // being planned
+}
+
+func newMachine(cfg *config) *machine { return &machine{cfg: cfg} }
+
+// step is the reducer.
+func (m *machine) step(in input) command {
+	switch in.kind {
+	case inReplayed:
+		m.apply(in.env.Event, in.env.Time(), false)
+		return command{kind: cmdNone}
+	case inBegin:
+		if !m.started {
+			m.emit(events.RunStarted{RunID: m.cfg.runID, ParameterSnapshot: m.cfg.snapshot, SchemaVersion: events.CurrentSchemaVersion})
+			m.startStep(in)
+			return m.flush()
+		}
+		return m.continueTail(in)
+	case inAppended:
+		for _, env := range in.envs {
+			if in, ok := env.Event.(events.Intent); ok && m.cur.intent != nil && in.ResultID == m.cur.intent.ResultID {
+				m.cur.intentAt = env.Time()
+			}
+		}
+		return m.afterDurable()
+	case inModelReturned:
+		return m.modelReturned(in)
+	case inActionReturned:
+		return m.actionReturned(in)
+	}
+	return command{kind: cmdFail, err: fmt.Sprintf("unknown input %d", in.kind)}
+}
+
+// emit plans an event: it joins the batch and the state moves past it.
+func (m *machine) emit(ev events.Event) {
+	m.batch = append(m.batch, ev)
+	m.apply(ev, time.Time{}, true)
+}
+
+func (m *machine) flush() command {
+	c := command{kind: cmdAppend, events: m.batch}
+	m.batch = nil
+	return c
+}
+
+// apply is the machine's only state transition: the fold of one durable
+// (or planned) event. live says the machine itself wrote it.
+func (m *machine) apply(ev events.Event, at time.Time, live bool) {
+	switch ev := ev.(type) {
+	case events.RunStarted:
+		m.started = true
+	case events.Intent:
+		if ev.IntentKind == events.IntentModelCall {
+			m.cur = current{intent: &ev, intentAt: at, issued: live}
+		} else {
+			m.cur.action, m.cur.acted = &ev, live
+		}
+	case events.ModelCallResult:
+		m.cur.reply, m.cur.failure = ev.Reply, ev.Failure
+	case events.StepCompleted:
+		s := ev.Step
+		m.steps = append(m.steps, s)
+		if ev.ActionOutcome != nil && ev.ActionOutcome.Status == events.StatusExecuted {
+			m.actions++
+		}
+		if s.ParseOK {
+			m.parseFailures = 0
+		} else if s.ParseError != nil {
+			m.parseFailures++
+		}
+		m.addHistory(seams.Text(seams.RoleAssistant, s.RawOutput), seams.Text(seams.RoleUser, s.Observation))
+		m.cur = current{}
+	case events.RunFinished:
+		r := ev.Result
+		r.Steps = m.steps
+		m.finished = &r
+	}
+}
+
+func (m *machine) addHistory(msgs ...seams.Message) {
+	for _, msg := range msgs {
+		m.history = append(m.history, msg)
+		m.historyChars += messageChars(msg)
+	}
+}
+
+// promptChars is the size, in code points, of the prompt of the step in
+// progress (history changes only when a step completes).
+func (m *machine) promptChars() int { return m.cfg.prefixChars + m.historyChars }
+
+// afterDurable: the planned batch is durable; ask for the side effect it
+// announced, or end the run.
+func (m *machine) afterDurable() command {
+	switch {
+	case m.finished != nil:
+		return command{kind: cmdDone, result: *m.finished}
+	case m.cur.action != nil && m.cur.acted:
+		return m.executeCommand()
+	case m.cur.intent != nil && m.cur.issued && m.cur.reply == nil && m.cur.failure == nil:
+		return m.modelCommand()
+	}
+	return command{kind: cmdFail, err: "append reported with no side effect or finish pending"}
+}
+
+// startStep plans the start of the next step: the stop checks, prompt size,
+// and the model intent.
+func (m *machine) startStep(in input) {
+	b := m.cfg.budget
+	switch {
+	case in.cancelled:
+		m.finish(in, events.StopCancelled, nil)
+	case len(m.steps) >= b.MaxSteps:
+		m.finish(in, events.StopStepBudget, nil)
+	case m.actions >= b.MaxActions:
+		m.finish(in, events.StopActionBudget, nil)
+	case m.promptChars() > b.MaxPromptChars:
+		m.finish(in, events.StopContextOverflow, nil)
+	default:
+		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentModelCall, CallIndex: len(m.steps),
+			ResultID: in.freshID, ReplayPolicy: m.cfg.modelPolicy})
+	}
+}
+
+func (m *machine) finish(in input, reason events.StopReason, answer *string) {
+	m.emit(events.RunFinished{RunID: m.cfg.runID, Result: events.RunResult{
+		RunID: m.cfg.runID, StopReason: reason, FinalAnswer: answer,
+		SchemaVersion: events.CurrentSchemaVersion, EventDeliveryFailures: in.failures,
+	}})
+}
+
+func (m *machine) modelCommand() command {
+	msgs := make([]seams.Message, 0, len(m.cfg.prefix)+len(m.history))
+	msgs = append(append(msgs, m.cfg.prefix...), m.history...)
+	return command{kind: cmdCallModel, model: seams.ModelCall{
+		Messages: msgs, CallIndex: m.cur.intent.CallIndex, RunID: m.cfg.runID,
+		ResultID: m.cur.intent.ResultID, Binding: m.cfg.binding,
+	}}
+}
+
+func (m *machine) executeCommand() command {
+	a, _ := m.parsed().Decision.(seams.Action)
+	return command{kind: cmdExecute, action: seams.ActionCall{
+		Action: a, RunID: m.cfg.runID, StepIdx: m.cur.action.CallIndex, ResultID: m.cur.action.ResultID,
+	}}
+}
+
+// continueTail decides, after replay, what the tail of the log asks for:
+// the recovery table, which lives in package recovery.
+func (m *machine) continueTail(in input) command {
+	if m.finished != nil {
+		return command{kind: cmdDone, result: *m.finished}
+	}
+	if in.cancelled && m.cur.intent != nil {
+		m.finish(in, events.StopCancelled, nil)
+		return m.flush()
+	}
+	state, policy := m.tailState()
+	switch recovery.PlanFor(state, policy) {
+	case recovery.PlanNextStep:
+		m.startStep(in)
+	case recovery.PlanCallAgain:
+		return m.modelCommand()
+	case recovery.PlanExecuteAgain:
+		return m.executeCommand()
+	case recovery.PlanStopUnknown:
+		m.finish(in, events.StopResumeStateUnknown, nil)
+	case recovery.PlanCompleteError:
+		m.modelFailed(in)
+	case recovery.PlanReparse:
+		m.afterReply(in)
+	default:
+		return command{kind: cmdFail, err: fmt.Sprintf("no plan for tail state %s", state)}
+	}
+	return m.flush()
+}
+
+// tailState is the recovery table's row for the step in progress, and the
+// replay policy of the side effect in doubt.
+func (m *machine) tailState() (recovery.State, events.ReplayPolicy) {
+	c := &m.cur
+	switch {
+	case c.intent == nil:
+		return recovery.BetweenSteps, ""
+	case c.reply == nil && c.failure == nil:
+		return recovery.ModelCallUnknown, c.intent.ReplayPolicy
+	case c.failure != nil:
+		return recovery.KnownFailure, ""
+	case c.action == nil:
+		return recovery.ReplyStored, ""
+	}
+	return recovery.ActionUnknown, c.action.ReplayPolicy
+}
+
+func (m *machine) modelReturned(in input) command {
+	if m.cur.intent == nil || m.cur.reply != nil || m.cur.failure != nil {
+		return command{kind: cmdFail, err: "model return without a pending model call"}
+	}
+	switch {
+	case in.err != nil && in.cancelled:
+		m.finish(in, events.StopCancelled, nil)
+	case in.err != nil:
+		failure := in.err.Error()
+		if failure == "" {
+			failure = "model call failed"
+		}
+		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.cur.intent.ResultID, Failure: &failure})
+		m.modelFailed(in)
+	default:
+		reply := in.reply
+		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.cur.intent.ResultID, Reply: &reply})
+		if in.cancelled {
+			m.finish(in, events.StopCancelled, nil)
+			break
+		}
+		m.afterReply(in)
+	}
+	return m.flush()
+}
+
+// modelFailed completes the step of a failed model call and stops.
+func (m *machine) modelFailed(in input) {
+	rec := m.record(in)
+	rec.Observation = m.cfg.synthetic.ModelCallFailed
+	rec.ObservationIsSynthetic = true
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, Step: rec})
+	m.finish(in, events.StopLLMError, nil)
+}
+
+// parsed returns the parse of the stored reply, parsing it once. A parser
+// that panics or returns no decision yields an InvalidDecision, so a broken
+// parser cannot take the log with it and a re-parse gets the same answer.
+func (m *machine) parsed() seams.ParsedReply {
+	if m.cur.parsed == nil {
+		p := safeParse(m.cfg.parser, *m.cur.reply)
+		m.cur.parsed = &p
+	}
+	return *m.cur.parsed
+}
+
+func safeParse(p seams.DecisionParser, r events.ModelReply) (out seams.ParsedReply) {
+	defer func() {
+		if v := recover(); v != nil {
+			out = seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: fmt.Sprintf("parser panicked: %v", v)}}
+		}
+	}()
+	out = p.Parse(r)
+	if out.Decision == nil {
+		out.Decision = seams.InvalidDecision{Explanation: "parser returned no decision"}
+	}
+	return out
+}
+
+// afterReply plans what a stored reply leads to.
+func (m *machine) afterReply(in input) {
+	p := m.parsed()
+	switch d := p.Decision.(type) {
+	case seams.InvalidDecision:
+		rec := m.record(in)
+		rec.ParseError = &d.Explanation
+		rec.Observation = m.wrap(d.Explanation)
+		rec.ObservationIsSynthetic = true
+		m.emit(events.StepCompleted{RunID: m.cfg.runID, Step: rec})
+		if m.parseFailures >= m.cfg.budget.MaxConsecutiveParseFailures {
+			m.finish(in, events.StopParseFailedRepeatedly, nil)
+			return
+		}
+		m.startStep(in)
+	case seams.FinalAnswer:
+		rec := m.record(in)
+		rec.ParseOK = true
+		m.emit(events.StepCompleted{RunID: m.cfg.runID, Step: rec})
+		answer := d.Text
+		m.finish(in, events.StopAgentFinished, &answer)
+	case seams.Action:
+		policy := events.ReplayNever
+		if d.ToolCall != nil {
+			if err := m.validateTool(*d.ToolCall); err != nil {
+				m.rejected(in, d, err)
+				return
+			}
+			spec, _ := m.cfg.tools.SpecFor(d.ToolCall.Name)
+			policy = spec.ReplayPolicy
+		}
+		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentAction, CallIndex: len(m.steps),
+			ResultID: in.freshID, ReplayPolicy: policy})
+	}
+}
+
+func (m *machine) validateTool(tc seams.ToolCall) error {
+	if m.cfg.tools == nil {
+		return fmt.Errorf("%w %q: no tools are available", seams.ErrUnknownTool, tc.Name)
+	}
+	return m.cfg.tools.Validate(tc)
+}
+
+// rejected records a tool call the registry refused: no intent, nothing
+// executed, a synthetic observation.
+func (m *machine) rejected(in input, a seams.Action, err error) {
+	text := strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error())
+	out := events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true}
+	rec := m.actionRecord(in, a, out)
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, ActionOutcome: &out, Step: rec})
+	m.startStep(in)
+}
+
+func (m *machine) actionReturned(in input) command {
+	if m.cur.action == nil {
+		return command{kind: cmdFail, err: "action return without a pending action"}
+	}
+	if in.err != nil && in.cancelled {
+		m.finish(in, events.StopCancelled, nil)
+		return m.flush()
+	}
+	out := in.outcome
+	if in.err != nil || !out.Status.Valid() || out.ObservationTruncatedChars < 0 {
+		out = events.ActionOutcome{Status: events.StatusEnvError, Observation: m.cfg.synthetic.EnvFailed, ObservationIsSynthetic: true}
+	}
+	a, _ := m.parsed().Decision.(seams.Action)
+	rec := m.actionRecord(in, a, out)
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.cur.action.ResultID, ActionOutcome: &out, Step: rec})
+	completes := false
+	if a.ToolCall != nil && m.cfg.tools != nil {
+		spec, _ := m.cfg.tools.SpecFor(a.ToolCall.Name)
+		completes = spec.CompletesRun
+	}
+	switch {
+	case out.Status == events.StatusEnvError:
+		m.finish(in, events.StopEnvError, nil)
+	case out.EnvReportedCompletion || (out.Status == events.StatusExecuted && completes):
+		m.finish(in, events.StopTaskCompleted, nil)
+	default:
+		m.startStep(in)
+	}
+	return m.flush()
+}
+
+// record is the step record's common part: index, model output, prompt
+// size, call id and wall time since the model intent was durable.
+func (m *machine) record(in input) events.StepRecord {
+	rec := events.StepRecord{
+		StepIdx:       m.cur.intent.CallIndex,
+		PromptChars:   m.promptChars(),
+		SchemaVersion: events.CurrentSchemaVersion,
+	}
+	if !m.cur.intentAt.IsZero() && in.at.After(m.cur.intentAt) {
+		rec.StepWallMs = in.at.Sub(m.cur.intentAt).Milliseconds()
+	}
+	if r := m.cur.reply; r != nil {
+		rec.RawOutput = m.parsed().HistoryText
+		rec.ContentChars = utf8.RuneCountInString(r.Content)
+		rec.ThinkingChars = utf8.RuneCountInString(r.Thinking)
+		if r.CallID != "" {
+			id := r.CallID
+			rec.CallID = &id
+		}
+	}
+	return rec
+}
+
+func (m *machine) actionRecord(in input, a seams.Action, out events.ActionOutcome) events.StepRecord {
+	rec := m.record(in)
+	text := a.Text
+	rec.Action = &text
+	rec.ParseOK = true
+	rec.Observation = m.wrap(out.Observation)
+	rec.ObservationIsSynthetic = out.ObservationIsSynthetic
+	rec.ObservationTruncatedChars = out.ObservationTruncatedChars
+	rec.EnvReportedCompletion = out.EnvReportedCompletion
+	status := out.Status
+	rec.ActionStatus = &status
+	if tc := a.ToolCall; tc != nil {
+		name := tc.Name
+		rec.ToolName = &name
+		args := "{}"
+		if tc.Arguments != nil {
+			if b, err := json.Marshal(tc.Arguments); err == nil {
+				args = string(b)
+			}
+		}
+		rec.ToolArguments = &args
+	}
+	return rec
+}
+
+// wrap applies the observation template.
+func (m *machine) wrap(obs string) string {
+	return strings.Replace(m.cfg.obsTemplate, "{observation}", obs, 1)
+}
+
+func messageChars(msg seams.Message) int {
+	n := 0
+	for _, b := range msg.Content {
+		if t, ok := b.(seams.TextBlock); ok {
+			n += utf8.RuneCountInString(t.Text)
+		}
+	}
+	return n
+}

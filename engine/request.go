@@ -1,0 +1,228 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// Request is one run's goal and limits. Constructing and validating it does
+// no I/O.
+type Request struct {
+	RunID    string
+	Budget   Budget
+	Executor seams.ActionExecutor
+	// Tools, when set, is shown to the model and validates tool calls. If
+	// Executor is a *seams.ToolExecutor it must come from this registry.
+	Tools *seams.Registry
+	// Context holds the messages around the history; contents are inputs,
+	// not parameters.
+	Context Context
+	// Injections are skill texts by channel, placed after the run-level
+	// messages: channels in sorted order, entries in the order given.
+	Injections map[string][]Injection
+	// ModelBinding is passed untouched to every ModelCall.
+	ModelBinding map[string]string
+	// ModelReplayPolicy says whether a model call whose outcome a crash left
+	// unknown may be made again. It must be set.
+	ModelReplayPolicy events.ReplayPolicy
+	// ObservationTemplate wraps each observation fed back to the model; it
+	// must hold "{observation}" exactly once. Empty means "{observation}".
+	ObservationTemplate string
+	// ToolSectionTemplate introduces the tools; it must hold "{tools}"
+	// exactly once. Empty means DefaultToolSectionTemplate.
+	ToolSectionTemplate string
+	// CancelGrace bounds the write of RunFinished{cancelled} after ctx is
+	// cancelled. Zero means DefaultCancelGrace.
+	CancelGrace time.Duration
+	// OneEventPerTransaction turns write coalescing off: every event is its
+	// own durable transaction (4 per step instead of 2), so tests can reach
+	// every breakpoint a log can hold.
+	OneEventPerTransaction bool
+}
+
+// Budget bounds a run. Every field must be positive.
+type Budget struct {
+	MaxSteps                    int
+	MaxActions                  int
+	MaxConsecutiveParseFailures int
+	// MaxPromptChars bounds the prompt in Unicode code points.
+	MaxPromptChars int
+}
+
+// Context holds the run-level messages (first in the prompt) and the
+// goal-level messages (after the injections and the tool section).
+type Context struct {
+	RunLevel, GoalLevel []seams.Message
+}
+
+// Injection is one skill entry.
+type Injection struct {
+	EntryID, Content string
+}
+
+// Defaults for empty Request fields.
+const (
+	DefaultObservationTemplate = "{observation}"
+	DefaultToolSectionTemplate = "You can call these tools:\n{tools}"
+	DefaultCancelGrace         = 2 * time.Second
+)
+
+func (r Request) observationTemplate() string {
+	if r.ObservationTemplate == "" {
+		return DefaultObservationTemplate
+	}
+	return r.ObservationTemplate
+}
+
+func (r Request) toolSectionTemplate() string {
+	if r.ToolSectionTemplate == "" {
+		return DefaultToolSectionTemplate
+	}
+	return r.ToolSectionTemplate
+}
+
+func (r Request) cancelGrace() time.Duration {
+	if r.CancelGrace == 0 {
+		return DefaultCancelGrace
+	}
+	return r.CancelGrace
+}
+
+// Validate reports every problem of the request, each naming its field. It
+// does no I/O.
+func (r Request) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if r.RunID == "" {
+		bad("RunID is empty")
+	}
+	for _, b := range []struct {
+		name string
+		v    int
+	}{
+		{"MaxSteps", r.Budget.MaxSteps}, {"MaxActions", r.Budget.MaxActions},
+		{"MaxConsecutiveParseFailures", r.Budget.MaxConsecutiveParseFailures}, {"MaxPromptChars", r.Budget.MaxPromptChars},
+	} {
+		if b.v <= 0 {
+			bad("Budget.%s is %d, must be positive", b.name, b.v)
+		}
+	}
+	if r.Executor == nil {
+		bad("Executor is nil")
+	}
+	if !r.ModelReplayPolicy.Valid() {
+		if r.ModelReplayPolicy == "" {
+			bad("ModelReplayPolicy is unset: choose events.ReplaySafe or events.ReplayNever")
+		} else {
+			bad("ModelReplayPolicy %q is not never or safe", r.ModelReplayPolicy)
+		}
+	}
+	if n := strings.Count(r.observationTemplate(), "{observation}"); n != 1 {
+		bad("ObservationTemplate holds {observation} %d times, must hold it once", n)
+	}
+	if n := strings.Count(r.toolSectionTemplate(), "{tools}"); n != 1 {
+		bad("ToolSectionTemplate holds {tools} %d times, must hold it once", n)
+	}
+	if r.CancelGrace < 0 {
+		bad("CancelGrace is negative (%s)", r.CancelGrace)
+	}
+	if te, ok := r.Executor.(*seams.ToolExecutor); ok && te.Registry() != r.Tools {
+		bad("Executor was derived from a registry other than Tools")
+	}
+	for ch, list := range r.Injections {
+		for i, inj := range list {
+			if inj.EntryID == "" {
+				bad("Injections[%q][%d].EntryID is empty", ch, i)
+			}
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidRequest, errors.Join(errs...))
+}
+
+// ParameterSnapshot reports the request's behaviour-changing settings:
+// budget, model replay policy, templates, grace, tool names, binding keys,
+// injected entry ids and the executor's parameters (prefixed executor.).
+// Message contents are inputs, not parameters.
+func (r Request) ParameterSnapshot() (map[string]string, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	out := map[string]string{
+		"budget.max_steps":                      strconv.Itoa(r.Budget.MaxSteps),
+		"budget.max_actions":                    strconv.Itoa(r.Budget.MaxActions),
+		"budget.max_consecutive_parse_failures": strconv.Itoa(r.Budget.MaxConsecutiveParseFailures),
+		"budget.max_prompt_chars":               strconv.Itoa(r.Budget.MaxPromptChars),
+		"model_replay_policy":                   string(r.ModelReplayPolicy),
+		"observation_template":                  r.observationTemplate(),
+		"tool_section_template":                 r.toolSectionTemplate(),
+		"cancel_grace":                          r.cancelGrace().String(),
+	}
+	if r.Tools != nil {
+		out["tools"] = strings.Join(r.Tools.Names(), ",")
+	}
+	var conflicts []string
+	merge(out, "binding.", r.ModelBinding, &conflicts)
+	injected := map[string]string{}
+	for ch, list := range r.Injections {
+		ids := make([]string, len(list))
+		for i, inj := range list {
+			ids[i] = inj.EntryID
+		}
+		injected[ch] = strings.Join(ids, ",")
+	}
+	merge(out, "injections.", injected, &conflicts)
+	merge(out, "executor.", r.Executor.Parameters(), &conflicts)
+	return out, conflictError(conflicts)
+}
+
+// snapshot merges the definition's and the request's snapshots.
+func snapshot(def Definition, req Request) (map[string]string, error) {
+	d, err := def.ParameterSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	r, err := req.ParameterSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	var conflicts []string
+	merge(d, "", r, &conflicts)
+	return d, conflictError(conflicts)
+}
+
+// snapshotDiff lists every key whose value differs, with both values.
+func snapshotDiff(stored, now map[string]string) []string {
+	keys := map[string]bool{}
+	for k := range stored {
+		keys[k] = true
+	}
+	for k := range now {
+		keys[k] = true
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		a, inA := stored[k]
+		b, inB := now[k]
+		switch {
+		case inA && inB && a == b:
+		case !inA:
+			out = append(out, fmt.Sprintf("%s: absent at start, now %q", k, b))
+		case !inB:
+			out = append(out, fmt.Sprintf("%s: %q at start, now absent", k, a))
+		default:
+			out = append(out, fmt.Sprintf("%s: %q at start, now %q", k, a, b))
+		}
+	}
+	return out
+}

@@ -1,0 +1,282 @@
+package recovery
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/polyloop/polyloop/events"
+)
+
+// ErrCorrupt is wrapped by every *CorruptError.
+var ErrCorrupt = errors.New("recovery: log is corrupt")
+
+// CorruptError lists every structural rule a log breaks.
+type CorruptError struct {
+	RunID   string
+	Reasons []string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("recovery: log of run %q is corrupt (%d problems):\n  %s", e.RunID, len(e.Reasons), strings.Join(e.Reasons, "\n  "))
+}
+
+// Unwrap returns ErrCorrupt.
+func (e *CorruptError) Unwrap() error { return ErrCorrupt }
+
+// State is where a log's tail stands, a row of the recovery table.
+type State string
+
+// The rows of the table.
+const (
+	Empty            State = "empty"              // no events at all
+	BetweenSteps     State = "between_steps"      // no step in progress
+	ModelCallUnknown State = "model_call_unknown" // model intent, no result
+	KnownFailure     State = "known_failure"      // model failure, step not completed
+	ReplyStored      State = "reply_stored"       // reply, no action intent, step not completed
+	ActionUnknown    State = "action_unknown"     // action intent, step not completed
+	Finished         State = "finished"           // RunFinished written
+)
+
+// Plan is what Resume does with a state.
+type Plan string
+
+// The plans.
+const (
+	PlanNone          Plan = "nothing to resume"
+	PlanReturnResult  Plan = "return the recorded result, write nothing"
+	PlanNextStep      Plan = "run the next step"
+	PlanCallAgain     Plan = "call the model again with the same result id"
+	PlanExecuteAgain  Plan = "execute the action again with the same result id"
+	PlanStopUnknown   Plan = "finish with resume_state_unknown"
+	PlanCompleteError Plan = "complete the step as llm_error"
+	PlanReparse       Plan = "re-parse the stored reply without a model call"
+)
+
+// PlanFor is the recovery table: what Resume does in state s, given the
+// replay policy of the side effect in doubt (ignored by the other rows).
+func PlanFor(s State, policy events.ReplayPolicy) Plan {
+	switch s {
+	case Finished:
+		return PlanReturnResult
+	case BetweenSteps:
+		return PlanNextStep
+	case ModelCallUnknown:
+		if policy == events.ReplaySafe {
+			return PlanCallAgain
+		}
+		return PlanStopUnknown
+	case KnownFailure:
+		return PlanCompleteError
+	case ReplyStored:
+		return PlanReparse
+	case ActionUnknown:
+		if policy == events.ReplaySafe {
+			return PlanExecuteAgain
+		}
+		return PlanStopUnknown
+	}
+	return PlanNone
+}
+
+// Verdict is a sound log's classification.
+type Verdict struct {
+	RunID string
+	State State
+	// Step is the index of the step in progress, or of the next step.
+	Step int
+	// InDoubt is the intent whose side effect's outcome is unknown
+	// (ModelCallUnknown, ActionUnknown); nil otherwise.
+	InDoubt *events.Intent
+	Plan    Plan
+	// Result is the recorded result of a finished run, steps included.
+	Result *events.RunResult
+}
+
+// Classify checks stream and places its tail in the recovery table. A log
+// that breaks a structural rule yields a *CorruptError.
+func Classify(stream []events.Envelope) (Verdict, error) {
+	w := walk(stream)
+	if len(w.reasons) > 0 {
+		return Verdict{}, &CorruptError{RunID: w.runID, Reasons: w.reasons}
+	}
+	v := Verdict{RunID: w.runID, Step: w.step, State: w.state()}
+	if v.State == Finished {
+		r := *w.result
+		r.Steps = w.steps
+		v.Result = &r
+	}
+	switch v.State {
+	case ModelCallUnknown:
+		v.InDoubt = w.model
+	case ActionUnknown:
+		v.InDoubt = w.action
+	}
+	policy := events.ReplayNever
+	if v.InDoubt != nil {
+		policy = v.InDoubt.ReplayPolicy
+	}
+	v.Plan = PlanFor(v.State, policy)
+	return v, nil
+}
+
+// Check reports whether stream is structurally sound: nil, or a
+// *CorruptError listing every reason.
+func Check(stream []events.Envelope) error {
+	_, err := Classify(stream)
+	return err
+}
+
+// walker folds a stream through the structural rules.
+type walker struct {
+	runID    string
+	started  bool
+	finished bool
+	result   *events.RunResult
+	steps    []events.StepRecord
+	step     int // index of the step in progress or next
+	model    *events.Intent
+	reply    bool // model result present
+	failed   bool // model result is a failure
+	action   *events.Intent
+	reasons  []string
+}
+
+func (w *walker) state() State {
+	switch {
+	case !w.started:
+		return Empty
+	case w.finished:
+		return Finished
+	case w.model == nil:
+		return BetweenSteps
+	case !w.reply:
+		return ModelCallUnknown
+	case w.failed:
+		return KnownFailure
+	case w.action == nil:
+		return ReplyStored
+	}
+	return ActionUnknown
+}
+
+func walk(stream []events.Envelope) *walker {
+	w := &walker{}
+	bad := func(i int, env events.Envelope, format string, a ...any) {
+		w.reasons = append(w.reasons, fmt.Sprintf("event %d (%s %s): %s", i, env.Kind, env.ID, fmt.Sprintf(format, a...)))
+	}
+	if len(stream) == 0 {
+		return w
+	}
+	if rs, ok := stream[0].Event.(events.RunStarted); ok {
+		w.runID = rs.RunID
+	} else {
+		w.runID = events.RunIDOf(stream[0].Event)
+		bad(0, stream[0], "the first event is not run_started")
+	}
+	for i, env := range stream {
+		if env.Event == nil {
+			bad(i, env, "no event")
+			continue
+		}
+		if id := events.RunIDOf(env.Event); id != w.runID {
+			bad(i, env, "belongs to run %q, not %q", id, w.runID)
+		}
+		if err := env.Event.Validate(); err != nil {
+			bad(i, env, "invalid record: %v", err)
+		}
+		if i > 0 && env.ID.Compare(stream[i-1].ID) <= 0 {
+			bad(i, env, "key is not after the previous event's key")
+		}
+		if w.finished {
+			bad(i, env, "follows run_finished")
+			continue
+		}
+		switch ev := env.Event.(type) {
+		case events.RunStarted:
+			if i > 0 {
+				bad(i, env, "a second run_started")
+			}
+			w.started = true
+		case events.Intent:
+			w.intent(i, env, ev, bad)
+		case events.ModelCallResult:
+			switch {
+			case w.model == nil:
+				bad(i, env, "model result %q without a model intent", ev.ResultID)
+			case w.reply:
+				bad(i, env, "a second model result for step %d", w.step)
+			case ev.ResultID != w.model.ResultID:
+				bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
+			default:
+				w.reply, w.failed = true, ev.Failure != nil
+			}
+		case events.StepCompleted:
+			w.stepCompleted(i, env, ev, bad)
+		case events.RunFinished:
+			if w.model != nil {
+				switch ev.Result.StopReason {
+				case events.StopCancelled, events.StopResumeStateUnknown:
+					// A run may stop with a side effect in doubt.
+				default:
+					bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, w.step)
+				}
+			}
+			r := ev.Result
+			w.finished, w.result = true, &r
+		}
+	}
+	return w
+}
+
+func (w *walker) intent(i int, env events.Envelope, ev events.Intent, bad func(int, events.Envelope, string, ...any)) {
+	if ev.IntentKind == events.IntentModelCall {
+		switch {
+		case w.model != nil && ev.CallIndex == w.step:
+			bad(i, env, "a second model intent for step %d", w.step)
+		case w.model != nil:
+			bad(i, env, "model intent for step %d ahead of unfinished step %d", ev.CallIndex, w.step)
+		case ev.CallIndex != w.step:
+			bad(i, env, "model intent for step %d, expected step %d: step indexes are not contiguous", ev.CallIndex, w.step)
+		default:
+			in := ev
+			w.model = &in
+		}
+		return
+	}
+	switch {
+	case w.model == nil:
+		bad(i, env, "action intent for step %d without a model intent", ev.CallIndex)
+	case w.action != nil:
+		bad(i, env, "a second action intent for step %d", w.step)
+	case ev.CallIndex != w.step:
+		bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, w.step)
+	case !w.reply || w.failed:
+		bad(i, env, "action intent for step %d without a model reply", w.step)
+	default:
+		in := ev
+		w.action = &in
+	}
+}
+
+func (w *walker) stepCompleted(i int, env events.Envelope, ev events.StepCompleted, bad func(int, events.Envelope, string, ...any)) {
+	switch {
+	case w.model == nil:
+		bad(i, env, "step %d completed without a model intent", ev.Step.StepIdx)
+	case ev.Step.StepIdx != w.step:
+		bad(i, env, "step index %d, expected %d: step indexes are not contiguous", ev.Step.StepIdx, w.step)
+	case !w.reply:
+		bad(i, env, "step %d completed without a model result", w.step)
+	}
+	switch {
+	case ev.ResultID != "" && w.action == nil:
+		bad(i, env, "step result %q without an action intent", ev.ResultID)
+	case ev.ResultID != "" && ev.ResultID != w.action.ResultID:
+		bad(i, env, "step result %q does not match the action intent's %q", ev.ResultID, w.action.ResultID)
+	case ev.ResultID == "" && w.action != nil:
+		bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", w.step)
+	}
+	w.steps = append(w.steps, ev.Step)
+	w.step++
+	w.model, w.reply, w.failed, w.action = nil, false, false, nil
+}

@@ -1,0 +1,189 @@
+package seamstest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// Turn is the model's scripted behaviour for one call index.
+type Turn struct {
+	Reply events.ModelReply
+	Err   error
+	// Block makes the call wait for its context to end, then fail with the
+	// context's error: a model that hangs until cancelled.
+	Block bool
+}
+
+// Model is a scripted seams.ModelClient: the call with CallIndex i gets
+// Turns[i], so a replayed call gets the reply the original would have got.
+// A call past the script fails. Safe for concurrent use.
+type Model struct {
+	Turns []Turn
+	// OnCall, when set, runs at the start of every call (to cancel a context
+	// mid-run, say).
+	OnCall func(seams.ModelCall)
+
+	mu    sync.Mutex
+	calls []seams.ModelCall
+}
+
+// Call implements seams.ModelClient.
+func (m *Model) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
+	m.mu.Lock()
+	m.calls = append(m.calls, call)
+	m.mu.Unlock()
+	if m.OnCall != nil {
+		m.OnCall(call)
+	}
+	if call.CallIndex >= len(m.Turns) {
+		return events.ModelReply{}, fmt.Errorf("seamstest: no scripted turn for call %d", call.CallIndex)
+	}
+	t := m.Turns[call.CallIndex]
+	if t.Block {
+		<-ctx.Done()
+		return events.ModelReply{}, ctx.Err()
+	}
+	if err := ctx.Err(); err != nil {
+		return events.ModelReply{}, err
+	}
+	return t.Reply, t.Err
+}
+
+// Calls returns every call received, in order.
+func (m *Model) Calls() []seams.ModelCall {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]seams.ModelCall(nil), m.calls...)
+}
+
+// Parameters implements seams.ModelClient.
+func (m *Model) Parameters() map[string]string { return map[string]string{"kind": "scripted"} }
+
+// Replies is a script of successful replies with the given contents.
+func Replies(contents ...string) []Turn {
+	out := make([]Turn, len(contents))
+	for i, c := range contents {
+		out[i] = Turn{Reply: events.ModelReply{CallID: fmt.Sprintf("call-%d", i), Content: c}}
+	}
+	return out
+}
+
+// Parser is a small deterministic seams.DecisionParser over one-line
+// decisions:
+//
+//	FINAL: <answer>            a final answer
+//	TOOL <name> <json object>  a tool call
+//	ACTION: <text>             a tool-less action
+//
+// Anything else is an InvalidDecision. HistoryText is the reply's content.
+type Parser struct{}
+
+// Parse implements seams.DecisionParser.
+func (Parser) Parse(r events.ModelReply) seams.ParsedReply {
+	text := strings.TrimSpace(r.Content)
+	out := seams.ParsedReply{HistoryText: r.Content}
+	switch {
+	case strings.HasPrefix(text, "FINAL:"):
+		out.Decision = seams.FinalAnswer{Text: strings.TrimSpace(strings.TrimPrefix(text, "FINAL:"))}
+	case strings.HasPrefix(text, "ACTION:"):
+		out.Decision = seams.Action{Text: strings.TrimSpace(strings.TrimPrefix(text, "ACTION:"))}
+	case strings.HasPrefix(text, "TOOL "):
+		name, args, _ := strings.Cut(strings.TrimPrefix(text, "TOOL "), " ")
+		var m map[string]any
+		if strings.TrimSpace(args) == "" {
+			args = "{}"
+		}
+		if err := json.Unmarshal([]byte(args), &m); err != nil {
+			out.Decision = seams.InvalidDecision{Explanation: "tool arguments are not a JSON object: " + err.Error()}
+			return out
+		}
+		out.Decision = seams.Action{Text: text, ToolCall: &seams.ToolCall{Name: name, Arguments: m}}
+	default:
+		out.Decision = seams.InvalidDecision{Explanation: "expected FINAL:, ACTION: or TOOL <name> <json>"}
+	}
+	return out
+}
+
+// Parameters implements seams.DecisionParser.
+func (Parser) Parameters() map[string]string { return map[string]string{"kind": "line"} }
+
+// Executor is a scripted seams.ActionExecutor that counts executions per
+// result id. Respond decides each outcome; nil means executed with the
+// observation "ok: <action text>". A Respond that panics tests panic
+// handling. Safe for concurrent use.
+type Executor struct {
+	Respond func(ctx context.Context, call seams.ActionCall) (events.ActionOutcome, error)
+
+	mu    sync.Mutex
+	count map[string]int
+	calls []seams.ActionCall
+}
+
+// Execute implements seams.ActionExecutor.
+func (e *Executor) Execute(ctx context.Context, call seams.ActionCall) (events.ActionOutcome, error) {
+	e.mu.Lock()
+	if e.count == nil {
+		e.count = map[string]int{}
+	}
+	e.count[call.ResultID]++
+	e.calls = append(e.calls, call)
+	e.mu.Unlock()
+	if e.Respond != nil {
+		return e.Respond(ctx, call)
+	}
+	return events.ActionOutcome{Status: events.StatusExecuted, Observation: "ok: " + call.Action.Text}, nil
+}
+
+// Executions returns how often the action with resultID was executed.
+func (e *Executor) Executions(resultID string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.count[resultID]
+}
+
+// Calls returns every call received, in order.
+func (e *Executor) Calls() []seams.ActionCall {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]seams.ActionCall(nil), e.calls...)
+}
+
+// Parameters implements seams.ActionExecutor.
+func (e *Executor) Parameters() map[string]string { return map[string]string{"kind": "scripted"} }
+
+// Sink records every envelope it receives. Err makes every Emit fail with
+// it; Panic makes every Emit panic. Safe for concurrent use.
+type Sink struct {
+	Err   error
+	Panic bool
+
+	mu   sync.Mutex
+	envs []events.Envelope
+}
+
+// Emit implements seams.EventSink.
+func (s *Sink) Emit(_ context.Context, e events.Envelope) error {
+	s.mu.Lock()
+	s.envs = append(s.envs, e)
+	s.mu.Unlock()
+	if s.Panic {
+		panic("seamstest: sink told to panic")
+	}
+	return s.Err
+}
+
+// Envelopes returns what was received, in order.
+func (s *Sink) Envelopes() []events.Envelope {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]events.Envelope(nil), s.envs...)
+}
+
+// Parameters implements seams.EventSink.
+func (s *Sink) Parameters() map[string]string { return map[string]string{"kind": "recording"} }
