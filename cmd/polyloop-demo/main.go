@@ -150,7 +150,9 @@ func demoTools(folder string) (*seams.Registry, error) {
 			Spec: seams.ToolSpec{Name: "submit", Description: "Submit the final answer.", CompletesRun: true,
 				Parameters: map[string]any{"type": "object", "required": []string{"answer"},
 					"properties": map[string]any{"answer": map[string]any{"type": "string"}}}},
-			Handler: func(_ context.Context, args map[string]any) (string, error) { return "submitted: " + args["answer"].(string), nil },
+			Handler: func(_ context.Context, args map[string]any) (string, error) {
+				return "submitted: " + args["answer"].(string), nil
+			},
 		},
 	)
 }
