@@ -389,17 +389,17 @@ func (m *machine) afterReply(in input) {
 		answer := d.Text
 		m.finish(in, events.StopAgentFinished, &answer)
 	case seams.Action:
-		policy := events.ReplayNever
+		policy, tool := events.ReplayNever, ""
 		if d.ToolCall != nil {
 			if err := m.validateTool(*d.ToolCall); err != nil {
 				m.rejected(in, d, err)
 				return
 			}
 			spec, _ := m.cfg.tools.SpecFor(d.ToolCall.Name)
-			policy = spec.ReplayPolicy
+			policy, tool = spec.ReplayPolicy, spec.Name
 		}
 		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentAction, CallIndex: len(m.steps),
-			ResultID: in.freshID, ReplayPolicy: policy})
+			ResultID: in.freshID, ReplayPolicy: policy, ToolName: tool})
 	}
 }
 

@@ -276,7 +276,11 @@ func renderEvent(ev events.Event) string {
 	case events.RunStarted:
 		return fmt.Sprintf("run_started(%d parameters)", len(e.ParameterSnapshot))
 	case events.Intent:
-		return fmt.Sprintf("intent(%s #%d %s %s)", e.IntentKind, e.CallIndex, e.ResultID, e.ReplayPolicy)
+		tool := ""
+		if e.ToolName != "" {
+			tool = " tool=" + e.ToolName
+		}
+		return fmt.Sprintf("intent(%s #%d %s %s%s)", e.IntentKind, e.CallIndex, e.ResultID, e.ReplayPolicy, tool)
 	case events.ModelCallResult:
 		if e.Failure != nil {
 			return fmt.Sprintf("model_call_result(%s failure=%q)", e.ResultID, *e.Failure)

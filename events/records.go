@@ -133,6 +133,10 @@ type Intent struct {
 	CallIndex    int          `msgpack:"call_index" json:"call_index"`
 	ResultID     string       `msgpack:"result_id" json:"result_id"`
 	ReplayPolicy ReplayPolicy `msgpack:"replay_policy" json:"replay_policy"`
+	// ToolName names the tool an action intent will call; empty for model
+	// calls and tool-less actions. It makes a log self-describing: an
+	// inspector can say which tool's outcome a crash left in doubt.
+	ToolName string `msgpack:"tool_name,omitempty" json:"tool_name,omitempty"`
 }
 
 // ModelCallResult records how a model call ended: exactly one of Reply and

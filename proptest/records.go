@@ -18,7 +18,7 @@ func SoundStream(runID string) []events.Event {
 		// step 0: tool call executed.
 		events.Intent{RunID: runID, IntentKind: events.IntentModelCall, CallIndex: 0, ResultID: "r0m", ReplayPolicy: events.ReplaySafe},
 		events.ModelCallResult{RunID: runID, ResultID: "r0m", Reply: &events.ModelReply{CallID: "call-0", Content: "look ✓", Thinking: "hmm"}},
-		events.Intent{RunID: runID, IntentKind: events.IntentAction, CallIndex: 0, ResultID: "r0a", ReplayPolicy: events.ReplayNever},
+		events.Intent{RunID: runID, IntentKind: events.IntentAction, CallIndex: 0, ResultID: "r0a", ReplayPolicy: events.ReplayNever, ToolName: "list"},
 		events.StepCompleted{RunID: runID, ResultID: "r0a",
 			ActionOutcome: &events.ActionOutcome{Status: events.StatusExecuted, Observation: "42 files", ObservationTruncatedChars: 3},
 			Step: events.StepRecord{StepIdx: 0, RawOutput: "look ✓", ContentChars: 6, ThinkingChars: 3, Action: ptr("ls"), ParseOK: true,
