@@ -25,7 +25,12 @@ prop:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./...
 
+# The main job: a demo run on a store file in the working directory, then an
+# inspection of that store.
+DEMO_STORE ?= polyloop-demo.db
 demo:
-	$(GO) run ./cmd/polyloop-demo
+	$(GO) run ./cmd/polyloop-demo -store $(DEMO_STORE)
+	$(GO) run ./cmd/polyloop-inspect runs $(DEMO_STORE)
+	$(GO) run ./cmd/polyloop-inspect verify $(DEMO_STORE)
 
 ci: check build test

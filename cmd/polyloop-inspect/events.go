@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/polyloop/polyloop/events"
+)
+
+func loadRun(w io.Writer, path, runID string) ([]events.Envelope, bool) {
+	s, ok := openStore(w, path)
+	if !ok {
+		return nil, false
+	}
+	defer s.Close()
+	stream, err := s.Load(context.Background(), runID)
+	if err != nil {
+		fmt.Fprintf(w, "error: %s\n", escape(err.Error()))
+		return nil, false
+	}
+	if len(stream) == 0 {
+		fmt.Fprintf(w, "error: no run %q in %s\n", escape(runID), path)
+		return nil, false
+	}
+	return stream, true
+}
+
+func eventsCommand(w io.Writer, args []string, asJSON bool) int {
+	stream, ok := loadRun(w, args[0], args[1])
+	if !ok {
+		return exitProblem
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		for _, env := range stream {
+			enc.Encode(struct {
+				ID            string       `json:"id"`
+				Time          string       `json:"time"`
+				Kind          events.Kind  `json:"kind"`
+				SchemaVersion string       `json:"schema_version"`
+				Payload       events.Event `json:"payload"`
+			}{env.ID.String(), stamp(env.Time()), env.Kind, env.SchemaVersion, env.Event})
+		}
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTIME\tKIND\tSUMMARY")
+	for _, env := range stream {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", env.ID, stamp(env.Time()), env.Kind, summary(env.Event))
+	}
+	tw.Flush()
+	return exitOK
+}
+
+// summary is one line about an event, escaped.
+func summary(ev events.Event) string {
+	switch e := ev.(type) {
+	case events.RunStarted:
+		return fmt.Sprintf("run %s, %d parameters", escape(e.RunID), len(e.ParameterSnapshot))
+	case events.Intent:
+		s := fmt.Sprintf("%s step %d, result %s, policy %s", e.IntentKind, e.CallIndex, escape(e.ResultID), e.ReplayPolicy)
+		if e.ToolName != "" {
+			s += ", tool " + escape(e.ToolName)
+		}
+		return s
+	case events.ModelCallResult:
+		if e.Failure != nil {
+			return fmt.Sprintf("result %s: failure %s", escape(e.ResultID), clip(*e.Failure, 60))
+		}
+		return fmt.Sprintf("result %s: reply \"%s\"", escape(e.ResultID), clip(e.Reply.Content, 60))
+	case events.StepCompleted:
+		s := e.Step
+		status := "no action"
+		if s.ActionStatus != nil {
+			status = string(*s.ActionStatus)
+		}
+		if !s.ParseOK && s.ParseError != nil {
+			status = "parse failed"
+		}
+		return fmt.Sprintf("step %d: %s, observation \"%s\"", s.StepIdx, status, clip(s.Observation, 50))
+	case events.RunFinished:
+		r := fmt.Sprintf("stop %s", e.Result.StopReason)
+		if e.Result.FinalAnswer != nil {
+			r += fmt.Sprintf(", answer \"%s\"", clip(*e.Result.FinalAnswer, 50))
+		}
+		return r
+	}
+	return ""
+}

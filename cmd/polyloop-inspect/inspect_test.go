@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+var update = flag.Bool("update", false, "rewrite golden transcripts")
+
+// fixtureStore builds a store holding a finished run, a run stopped at each
+// breakpoint of the recovery table, a run with terminal escapes in its
+// model output, and a corrupt run.
+func fixtureStore(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fixture.db")
+	store, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	reg, err := seams.NewRegistry(
+		seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
+			Handler: func(context.Context, map[string]any) (string, error) { return "3 files", nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "pay"},
+			Handler: func(context.Context, map[string]any) (string, error) { return "paid", nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "submit", CompletesRun: true},
+			Handler: func(context.Context, map[string]any) (string, error) { return "ok", nil }},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(id string, crashAfter int, policy events.ReplayPolicy, turns ...seamstest.Turn) {
+		def := engine.Definition{Model: &seamstest.Model{Turns: turns}, Parser: seamstest.Parser{},
+			Store: &proptest.CrashingStore{Inner: store, After: crashAfter}}
+		_, err := engine.Run(context.Background(), def, engine.Request{
+			RunID: id, Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 10_000},
+			Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: policy, OneEventPerTransaction: true,
+			Context: engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "count, pay, submit")}},
+		})
+		if crashAfter < 0 && err != nil || crashAfter >= 0 && !errors.Is(err, proptest.ErrCrashed) {
+			t.Fatalf("fixture %s: %v", id, err)
+		}
+	}
+	tools := seamstest.Replies(`TOOL count {}`, `hmm`, `TOOL pay {"amount":5}`, `TOOL submit {}`)
+	run("a-finished", -1, events.ReplaySafe, tools...)
+	run("b-model-call-unknown", 2, events.ReplayNever, tools...)
+	run("c-known-failure", 3, events.ReplaySafe, seamstest.Turn{Err: errors.New("503 upstream")})
+	run("d-reply-stored", 3, events.ReplaySafe, tools...)
+	run("e-safe-action-unknown", 4, events.ReplaySafe, tools...)
+	run("f-between-steps", 5, events.ReplaySafe, tools...)
+	run("g-never-action-unknown", 11, events.ReplaySafe, tools...)
+	run("h-escapes", -1, events.ReplaySafe, seamstest.Replies("FINAL: \x1b[31mred\x1b[0m \u202egnp.exe")...)
+
+	// A corrupt log: kv keeps only the start/finish rules, so a result
+	// without its intent and a gap in the steps can be written directly.
+	ctx := context.Background()
+	v := events.CurrentSchemaVersion
+	failure := "x"
+	if _, err := store.Append(ctx, "z-corrupt",
+		events.RunStarted{RunID: "z-corrupt", SchemaVersion: v},
+		events.ModelCallResult{RunID: "z-corrupt", ResultID: "orphan", Failure: &failure},
+		events.Intent{RunID: "z-corrupt", IntentKind: events.IntentModelCall, CallIndex: 2, ResultID: "m2", ReplayPolicy: events.ReplaySafe},
+	); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+var (
+	ulidPattern  = regexp.MustCompile(`\b[0-9A-HJKMNP-TV-Z]{26}\b`)
+	timePattern  = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z`)
+	wallPattern  = regexp.MustCompile(`"step_wall_ms":\d+`)
+	spacePattern = regexp.MustCompile(` {2,}`)
+)
+
+// normalise hides what differs between runs: ULIDs, times, wall clock
+// milliseconds, the temporary path, and column widths that follow them.
+func normalise(s, path string) string {
+	s = strings.ReplaceAll(s, path, "FIXTURE")
+	s = strings.ReplaceAll(s, filepath.Dir(path), "DIR")
+	s = ulidPattern.ReplaceAllString(s, "ULID")
+	s = timePattern.ReplaceAllString(s, "TIME")
+	s = wallPattern.ReplaceAllString(s, `"step_wall_ms":N`)
+	s = spacePattern.ReplaceAllString(s, "  ")
+	// The WALL MS column of step tables.
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if f := strings.Split(l, "  "); len(f) == 8 && stepRow.MatchString(l) {
+			f[6] = "N"
+			lines[i] = strings.Join(f, "  ")
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+var stepRow = regexp.MustCompile(`^\d+  (ok|failed)  `)
+
+// TestTranscripts runs each command in-process against the fixture store
+// and compares output and exit status with testdata/transcripts.golden.
+func TestTranscripts(t *testing.T) {
+	path := fixtureStore(t)
+	cases := [][]string{
+		{"runs", path},
+		{"verify", path},
+		{"verify", path, "a-finished"},
+		{"verify", path, "g-never-action-unknown"},
+		{"events", path, "a-finished"},
+		{"events", "--json", path, "c-known-failure"},
+		{"steps", path, "a-finished"},
+		{"steps", path, "a-finished", "--json"},
+		{"steps", path, "h-escapes"},
+		{"events", path, "h-escapes"},
+		{"events", path, "no-such-run"},
+		{"runs"},
+		{"frobnicate"},
+		{"steps", "--yaml", path, "a-finished"},
+		{"--help"},
+		{"runs", "--help"},
+		{"events", "-h"},
+		{"steps", "--help"},
+		{"verify", "--help"},
+		{"runs", filepath.Join(filepath.Dir(path), "missing.db")},
+	}
+	var all bytes.Buffer
+	for _, args := range cases {
+		var out, errOut bytes.Buffer
+		code := run(args, &out, &errOut)
+		fmt.Fprintf(&all, "$ polyloop-inspect %s\n%s%s[exit %d]\n\n", strings.Join(args, " "), out.String(), errOut.String(), code)
+	}
+	got := normalise(all.String(), path)
+	golden := filepath.Join("testdata", "transcripts.golden")
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output changed; got:\n%s", got)
+	}
+}
+
+// TestHeldStoreGivesAClearMessage: a store open for writing (by this
+// process, which the lock treats like any other) is reported after a
+// bounded wait, not waited on forever.
+func TestHeldStoreGivesAClearMessage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "held.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old := lockWait
+	lockWait = 50 * time.Millisecond
+	defer func() { lockWait = old }()
+	var out bytes.Buffer
+	if code := run([]string{"runs", path}, &out, &out); code != exitProblem {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(out.String(), "held for writing by another process") {
+		t.Fatalf("message: %s", out.String())
+	}
+}
+
+// TestInspectNeverWrites: the store file is byte-identical after every
+// command.
+func TestInspectNeverWrites(t *testing.T) {
+	path := fixtureStore(t)
+	before, _ := os.ReadFile(path)
+	for _, args := range [][]string{{"runs", path}, {"verify", path}, {"events", path, "a-finished"}, {"steps", "--json", path, "a-finished"}} {
+		var out bytes.Buffer
+		run(args, &out, &out)
+	}
+	after, _ := os.ReadFile(path)
+	if !bytes.Equal(before, after) {
+		t.Fatal("inspect changed the store file")
+	}
+}
+
+func TestEscapeNeutralisesTerminalSequences(t *testing.T) {
+	cases := map[string]string{
+		"plain ✓":            "plain ✓",
+		"\x1b[2J":            `\x1b[2J`,
+		"a\nb\tc\r":          `a\nb\tc\r`,
+		"\u202eevil":         `\u202eevil`,
+		"bell\x07":           `bell\x07`,
+		"\u009b31m (C1 CSI)": `\x9b31m (C1 CSI)`,
+		string([]byte{0xff}): `\ufffd`,
+	}
+	for in, want := range cases {
+		if got := escape(in); got != want {
+			t.Errorf("escape(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,19 @@
+// Command polyloop-inspect dumps and verifies PolyLoop event stores without
+// writing to them.
+//
+//	polyloop-inspect runs FILE                  list runs
+//	polyloop-inspect events [--json] FILE RUN   every event of a run
+//	polyloop-inspect steps [--json] FILE RUN    a run's trajectory
+//	polyloop-inspect verify FILE [RUN]          can each run be resumed?
+//
+// Exit status: 0 when all is well, 1 when a run is corrupt or the store
+// cannot be read, 2 for bad usage.
+package main
+
+import (
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}

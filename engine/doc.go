@@ -1,0 +1,65 @@
+// Package engine runs agents: Definition (what stays the same across runs:
+// model, parser, store, sink), Request (one run's goal, budget, tools and
+// policies), Run and Resume.
+//
+// # Machine, commands, driver
+//
+// The loop is split the way etcd's raft is. machine.go is a pure reducer: it
+// takes inputs (a durable append, a model return, an action return, a
+// replayed event, each carrying the time, a fresh id and whether the run was
+// cancelled, all observed by the driver) and returns one command: append
+// these events, call the model with this ModelCall, execute this action, or
+// done. It reads no clock, mints no ids and does no I/O. driver.go carries
+// the commands out against the seams, and is the only place with a context,
+// a clock and an id source. The ordering rule the driver keeps: an append's
+// events are durable before the machine is told, and the machine asks for a
+// side effect only after the intent announcing it was reported durable.
+//
+// # One step
+//
+// Stop checks (cancellation, step budget, action budget); prompt assembly
+// (run-level messages, injections, the tool section, goal-level messages,
+// then history; prompt_chars in code points; over the budget stops with
+// context_overflow before any call); a durable model intent; the model call;
+// its durable result; parsing (an invalid decision, a final answer, a tool
+// call the registry rejects, or an action); a durable action intent; the
+// action; a durable StepCompleted; stop checks after the step.
+//
+// # Two durable transactions per step
+//
+// Between two side effects there is nothing to protect, so events that
+// follow one another with no side effect between them are appended in one
+// transaction: the model result with the action intent, the step record with
+// the next model intent. A step then costs two durable writes, one before
+// each side effect, which is the floor. Request.OneEventPerTransaction turns
+// this off so tests can stop a run at every event.
+//
+// # Resume
+//
+// Resume loads the log, refuses a corrupt one (package recovery), returns a
+// finished run's recorded result without writing, refuses a run whose
+// parameter snapshot changed (listing every key), and otherwise replays the
+// log through the same machine and continues from the tail by the recovery
+// table. History is rebuilt from the log, so the model sees exactly the
+// messages the uninterrupted run would have sent.
+//
+// # Choices where the specification is silent
+//
+//   - Every observation fed back to the model, a parse failure's explanation
+//     included, is wrapped in ObservationTemplate; StepRecord.Observation is
+//     that wrapped text. The llm_error step's synthetic text is not wrapped:
+//     it is never fed back.
+//   - A tool call when Request.Tools is nil is rejected like an unknown tool.
+//   - step_wall_ms runs from the moment the step's model intent was durable
+//     (its ULID time) to the StepCompleted, so it survives a resume.
+//   - Injected entry ids are part of the parameter snapshot (injections.*):
+//     resuming with other skills would change the prompt.
+//   - A run cancelled while a side effect is in flight finishes with that
+//     intent unanswered; recovery accepts that for cancelled and
+//     resume_state_unknown. EventDeliveryFailures counts this process's
+//     deliveries; the stored value misses a failure to deliver RunFinished
+//     itself.
+//
+// What does not live here: storage (kv), the event vocabulary (events), the
+// structural rules of a log (recovery) and the views of a log (projections).
+package engine
