@@ -1,0 +1,122 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+func TestResumeWithoutALogIsRunNotFound(t *testing.T) {
+	store := openKV(t)
+	a := newAgent(store, "ghost", seamstest.Replies("FINAL: x")...)
+	if _, err := engine.Resume(context.Background(), a.def, a.req); !errors.Is(err, engine.ErrRunNotFound) {
+		t.Fatalf("got %v, want ErrRunNotFound", err)
+	}
+	if store.Transactions() != 0 {
+		t.Fatal("Resume of an unknown run wrote")
+	}
+}
+
+func TestResumeOfAFinishedRunReturnsItsResultAndWritesNothing(t *testing.T) {
+	store := openKV(t)
+	a := newAgent(store, "done", seamstest.Replies("ACTION: ls", "FINAL: 3")...)
+	want := a.run(t)
+	before := store.Transactions()
+	got, err := engine.Resume(context.Background(), a.def, a.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if store.Transactions() != before || len(a.model.Calls()) != 2 {
+		t.Fatal("Resume of a finished run wrote or called the model")
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("recorded result differs:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestResumeRefusesChangedParameters lists every differing key, both values.
+func TestResumeRefusesChangedParameters(t *testing.T) {
+	store := openKV(t)
+	a := newAgent(store, "p", seamstest.Replies("ACTION: a", "FINAL: b")...)
+	a.def.Store = &proptest.CrashingStore{Inner: store, After: 1}
+	if _, err := engine.Run(context.Background(), a.def, a.req); !errors.Is(err, proptest.ErrCrashed) {
+		t.Fatal(err)
+	}
+	a.def.Store = store
+	a.req.Budget.MaxSteps = 99
+	a.req.ModelReplayPolicy = events.ReplayNever
+	a.req.ModelBinding = map[string]string{"temperature": "0.2"}
+	before := store.Transactions()
+	_, err := engine.Resume(context.Background(), a.def, a.req)
+	if !errors.Is(err, engine.ErrParametersChanged) {
+		t.Fatalf("got %v, want ErrParametersChanged", err)
+	}
+	for _, want := range []string{
+		`budget.max_steps: "10" at start, now "99"`,
+		`model_replay_policy: "safe" at start, now "never"`,
+		`binding.temperature: absent at start, now "0.2"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not list %s:\n%v", want, err)
+		}
+	}
+	if store.Transactions() != before {
+		t.Fatal("refused Resume wrote")
+	}
+}
+
+func TestResumeRefusesACorruptLog(t *testing.T) {
+	store := openKV(t)
+	failure := "x"
+	if _, err := store.Append(context.Background(), "bad",
+		proptest.SoundStream("bad")[0],
+		events.ModelCallResult{RunID: "bad", ResultID: "orphan", Failure: &failure}); err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(store, "bad")
+	if _, err := engine.Resume(context.Background(), a.def, a.req); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestResumedRunSendsTheSameMessages: crash at every transaction of a run,
+// resume, and compare every model call with the uninterrupted run's.
+func TestResumedRunSendsTheSameMessages(t *testing.T) {
+	// A safe tool and a safe model policy: every crash point can continue.
+	turns := seamstest.Replies(`TOOL count {"dir":"a"}`, "oops", `TOOL count {"dir":"b"}`, "FINAL: done")
+	reg := toolRegistry(t)
+	ref := newAgent(&seamstest.MemStore{}, "m", turns...)
+	ref.req.Tools, ref.req.Executor = reg, reg.Executor()
+	want := ref.run(t)
+	refCalls := ref.model.Calls()
+	total := ref.def.Store.(*seamstest.MemStore).Transactions()
+	for crash := 1; crash < int(total); crash++ {
+		store := &seamstest.MemStore{}
+		a := newAgent(store, "m", turns...)
+		a.req.Tools, a.req.Executor = reg, reg.Executor()
+		a.def.Store = &proptest.CrashingStore{Inner: store, After: crash}
+		if _, err := engine.Run(context.Background(), a.def, a.req); !errors.Is(err, proptest.ErrCrashed) {
+			t.Fatalf("crash %d: %v", crash, err)
+		}
+		a.def.Store = store
+		got, err := engine.Resume(context.Background(), a.def, a.req)
+		if err != nil {
+			t.Fatalf("crash %d: %v", crash, err)
+		}
+		if got.StopReason != want.StopReason || !sameSteps(got.Steps, want.Steps) {
+			t.Fatalf("crash %d: resumed to %s/%d steps, want %s/%d", crash, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
+		}
+		for _, c := range a.model.Calls() {
+			if !reflect.DeepEqual(c.Messages, refCalls[c.CallIndex].Messages) {
+				t.Fatalf("crash %d: call %d sent other messages than the uninterrupted run", crash, c.CallIndex)
+			}
+		}
+	}
+}
