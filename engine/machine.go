@@ -103,6 +103,12 @@ type current struct {
 	acted    bool           // action intent written by this machine
 }
 
+// ending is a stop decided by a completed step.
+type ending struct {
+	reason events.StopReason
+	answer *string
+}
+
 type machine struct {
 	cfg      *config
 	started  bool
@@ -114,6 +120,11 @@ type machine struct {
 	history       []seams.Message
 	historyChars  int
 	cur           current
+	// ending is how the run must stop after the last completed step (a
+	// final answer, a failed model call, env_error, completion, too many
+	// parse failures), derived from the durable step so that a crash
+	// between StepCompleted and RunFinished resumes to the same stop.
+	ending *ending
 
 	batch []events.Event // being planned
 }
@@ -185,6 +196,7 @@ func (m *machine) apply(ev events.Event, at time.Time, live bool) {
 		} else if s.ParseError != nil {
 			m.parseFailures++
 		}
+		m.ending = m.stepEnding(ev)
 		m.addHistory(seams.Text(seams.RoleAssistant, s.RawOutput), seams.Text(seams.RoleUser, s.Observation))
 		m.cur = current{}
 	case events.RunFinished:
@@ -219,11 +231,46 @@ func (m *machine) afterDurable() command {
 	return command{kind: cmdFail, err: "append reported with no side effect or finish pending"}
 }
 
-// startStep plans the start of the next step: the stop checks, prompt size,
-// and the model intent.
+// stepEnding is the stop a completed step calls for, if any: the stop
+// checks after a step (SPEC §5 step 7) and the steps that end a run by
+// themselves (a final answer, a failed model call). It reads the step in
+// progress, so it runs before apply resets it.
+func (m *machine) stepEnding(ev events.StepCompleted) *ending {
+	out := ev.ActionOutcome
+	switch {
+	case m.cur.failure != nil:
+		return &ending{reason: events.StopLLMError}
+	case out != nil && out.Status == events.StatusEnvError:
+		return &ending{reason: events.StopEnvError}
+	case out != nil && out.EnvReportedCompletion,
+		out != nil && out.Status == events.StatusExecuted && m.completesRun(ev.Step.ToolName):
+		return &ending{reason: events.StopTaskCompleted}
+	case out == nil && ev.Step.ParseOK && m.cur.reply != nil:
+		if fa, ok := m.parsed().Decision.(seams.FinalAnswer); ok {
+			answer := fa.Text
+			return &ending{reason: events.StopAgentFinished, answer: &answer}
+		}
+	case m.parseFailures >= m.cfg.budget.MaxConsecutiveParseFailures:
+		return &ending{reason: events.StopParseFailedRepeatedly}
+	}
+	return nil
+}
+
+func (m *machine) completesRun(tool *string) bool {
+	if tool == nil || m.cfg.tools == nil {
+		return false
+	}
+	spec, ok := m.cfg.tools.SpecFor(*tool)
+	return ok && spec.CompletesRun
+}
+
+// startStep plans the start of the next step: the stop the last step called
+// for, the stop checks, prompt size, and the model intent.
 func (m *machine) startStep(in input) {
 	b := m.cfg.budget
 	switch {
+	case m.ending != nil:
+		m.finish(in, m.ending.reason, m.ending.answer)
 	case in.cancelled:
 		m.finish(in, events.StopCancelled, nil)
 	case len(m.steps) >= b.MaxSteps:
@@ -340,7 +387,7 @@ func (m *machine) modelFailed(in input) {
 	rec.Observation = m.cfg.synthetic.ModelCallFailed
 	rec.ObservationIsSynthetic = true
 	m.emit(events.StepCompleted{RunID: m.cfg.runID, Step: rec})
-	m.finish(in, events.StopLLMError, nil)
+	m.startStep(in) // stops with llm_error
 }
 
 // parsed returns the parse of the stored reply, parsing it once. A parser
@@ -377,17 +424,12 @@ func (m *machine) afterReply(in input) {
 		rec.Observation = m.wrap(d.Explanation)
 		rec.ObservationIsSynthetic = true
 		m.emit(events.StepCompleted{RunID: m.cfg.runID, Step: rec})
-		if m.parseFailures >= m.cfg.budget.MaxConsecutiveParseFailures {
-			m.finish(in, events.StopParseFailedRepeatedly, nil)
-			return
-		}
-		m.startStep(in)
+		m.startStep(in) // may stop with parse_failed_repeatedly
 	case seams.FinalAnswer:
 		rec := m.record(in)
 		rec.ParseOK = true
 		m.emit(events.StepCompleted{RunID: m.cfg.runID, Step: rec})
-		answer := d.Text
-		m.finish(in, events.StopAgentFinished, &answer)
+		m.startStep(in) // stops with agent_finished
 	case seams.Action:
 		policy, tool := events.ReplayNever, ""
 		if d.ToolCall != nil {
@@ -435,19 +477,7 @@ func (m *machine) actionReturned(in input) command {
 	a, _ := m.parsed().Decision.(seams.Action)
 	rec := m.actionRecord(in, a, out)
 	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.cur.action.ResultID, ActionOutcome: &out, Step: rec})
-	completes := false
-	if a.ToolCall != nil && m.cfg.tools != nil {
-		spec, _ := m.cfg.tools.SpecFor(a.ToolCall.Name)
-		completes = spec.CompletesRun
-	}
-	switch {
-	case out.Status == events.StatusEnvError:
-		m.finish(in, events.StopEnvError, nil)
-	case out.EnvReportedCompletion || (out.Status == events.StatusExecuted && completes):
-		m.finish(in, events.StopTaskCompleted, nil)
-	default:
-		m.startStep(in)
-	}
+	m.startStep(in) // may stop with env_error or task_completed
 	return m.flush()
 }
 

@@ -31,7 +31,7 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	if len(stream) == 0 {
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, ErrRunNotFound)
 	}
-	verdict, err := recovery.Classify(stream)
+	verdict, err := recovery.Classify(req.RunID, stream)
 	if err != nil {
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, err)
 	}

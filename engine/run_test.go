@@ -73,7 +73,7 @@ func soundLog(t *testing.T, store seams.RunStore, runID string) []events.Envelop
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := recovery.Check(stream); err != nil {
+	if err := recovery.Check(runID, stream); err != nil {
 		t.Fatalf("log is not sound: %v", err)
 	}
 	return stream

@@ -91,16 +91,21 @@ type Verdict struct {
 	Plan    Plan
 	// Result is the recorded result of a finished run, steps included.
 	Result *events.RunResult
+
+	steps []events.StepRecord
 }
 
-// Classify checks stream and places its tail in the recovery table. A log
-// that breaks a structural rule yields a *CorruptError.
-func Classify(stream []events.Envelope) (Verdict, error) {
-	w := walk(stream)
+// Steps returns the trajectory recorded so far.
+func (v Verdict) Steps() []events.StepRecord { return append([]events.StepRecord{}, v.steps...) }
+
+// Classify checks runID's stream and places its tail in the recovery table.
+// A log that breaks a structural rule yields a *CorruptError.
+func Classify(runID string, stream []events.Envelope) (Verdict, error) {
+	w := walk(runID, stream)
 	if len(w.reasons) > 0 {
 		return Verdict{}, &CorruptError{RunID: w.runID, Reasons: w.reasons}
 	}
-	v := Verdict{RunID: w.runID, Step: w.step, State: w.state()}
+	v := Verdict{RunID: w.runID, Step: w.step, State: w.state(), steps: w.steps}
 	if v.State == Finished {
 		r := *w.result
 		r.Steps = w.steps
@@ -120,10 +125,10 @@ func Classify(stream []events.Envelope) (Verdict, error) {
 	return v, nil
 }
 
-// Check reports whether stream is structurally sound: nil, or a
+// Check reports whether runID's stream is structurally sound: nil, or a
 // *CorruptError listing every reason.
-func Check(stream []events.Envelope) error {
-	_, err := Classify(stream)
+func Check(runID string, stream []events.Envelope) error {
+	_, err := Classify(runID, stream)
 	return err
 }
 
@@ -160,18 +165,17 @@ func (w *walker) state() State {
 	return ActionUnknown
 }
 
-func walk(stream []events.Envelope) *walker {
-	w := &walker{}
+// walk checks every event; the stream is stored under runID, and every
+// event must name that run.
+func walk(runID string, stream []events.Envelope) *walker {
+	w := &walker{runID: runID}
 	bad := func(i int, env events.Envelope, format string, a ...any) {
 		w.reasons = append(w.reasons, fmt.Sprintf("event %d (%s %s): %s", i, env.Kind, env.ID, fmt.Sprintf(format, a...)))
 	}
 	if len(stream) == 0 {
 		return w
 	}
-	if rs, ok := stream[0].Event.(events.RunStarted); ok {
-		w.runID = rs.RunID
-	} else {
-		w.runID = events.RunIDOf(stream[0].Event)
+	if _, ok := stream[0].Event.(events.RunStarted); !ok {
 		bad(0, stream[0], "the first event is not run_started")
 	}
 	for i, env := range stream {

@@ -27,7 +27,7 @@ func prefix(n int) []events.Envelope { return stamp(proptest.SoundStream("r")[:n
 
 func classify(t *testing.T, stream []events.Envelope) recovery.Verdict {
 	t.Helper()
-	v, err := recovery.Classify(stream)
+	v, err := recovery.Classify("r", stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestFinishedRunCarriesItsResult(t *testing.T) {
 func TestEveryPrefixOfASoundLogIsSound(t *testing.T) {
 	all := proptest.SoundStream("r")
 	for n := 1; n <= len(all); n++ {
-		if err := recovery.Check(prefix(n)); err != nil {
+		if err := recovery.Check("r", prefix(n)); err != nil {
 			t.Fatalf("prefix %d: %v", n, err)
 		}
 	}
@@ -152,7 +152,7 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := recovery.Check(stamp(c.stream))
+			err := recovery.Check("r", stamp(c.stream))
 			var ce *recovery.CorruptError
 			if !errors.As(err, &ce) || !errors.Is(err, recovery.ErrCorrupt) {
 				t.Fatalf("got %v, want a *CorruptError", err)
@@ -163,7 +163,7 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 		})
 	}
 	t.Run("every reason is listed", func(t *testing.T) {
-		err := recovery.Check(stamp(cat(s[1:2], s[:1], s[2:3], s[2:3])))
+		err := recovery.Check("r", stamp(cat(s[1:2], s[:1], s[2:3], s[2:3])))
 		var ce *recovery.CorruptError
 		if !errors.As(err, &ce) || len(ce.Reasons) < 3 {
 			t.Fatalf("got %v", err)
@@ -171,7 +171,7 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 	})
 	t.Run("cancelled with a side effect in flight is sound", func(t *testing.T) {
 		evs := cat(s[:4], one(events.RunFinished{RunID: "r", Result: events.RunResult{RunID: "r", StopReason: events.StopCancelled, SchemaVersion: v}}))
-		if err := recovery.Check(stamp(evs)); err != nil {
+		if err := recovery.Check("r", stamp(evs)); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -35,7 +35,7 @@ func TestDemoRunsOfflineToCompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := recovery.Check(stream); err != nil {
+	if err := recovery.Check("demo-test", stream); err != nil {
 		t.Fatal(err)
 	}
 	if r, ok := projections.Fold(stream).Result(); !ok || r.StopReason != "task_completed" {

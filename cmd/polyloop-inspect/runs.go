@@ -16,7 +16,7 @@ func runStatus(s *kv.Store, runID string) (status string, verdict recovery.Verdi
 	if err != nil {
 		return "corrupt", recovery.Verdict{}, err
 	}
-	v, err := recovery.Classify(stream)
+	v, err := recovery.Classify(runID, stream)
 	switch {
 	case err != nil:
 		return "corrupt", v, err

@@ -40,7 +40,7 @@ func verifyCommand(w io.Writer, args []string, _ bool) int {
 		}
 		var v recovery.Verdict
 		if err == nil {
-			v, err = recovery.Classify(stream)
+			v, err = recovery.Classify(id, stream)
 		}
 		if err != nil {
 			corrupt++

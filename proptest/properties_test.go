@@ -1,0 +1,434 @@
+package proptest_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// TestMain raises rapid's default to 1,000 generated runs per property, so
+// CI covers at least that many; make prop passes -rapid.checks=100000.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
+	if !set {
+		flag.Set("rapid.checks", "1000")
+	}
+	os.Exit(m.Run())
+}
+
+// scenario is a generated run: the model's turns by call index, the
+// executor's behaviour by step, policies and budgets.
+type scenario struct {
+	turns       []seamstest.Turn
+	outcomes    []string // per step: ok, complete, error
+	modelPolicy events.ReplayPolicy
+	budget      engine.Budget
+	oneEvent    bool
+}
+
+// turnKinds is weighted towards turns that keep a run going, so runs are
+// long enough to hold many crash points.
+var turnKinds = []string{"safe-tool", "safe-tool", "safe-tool", "never-tool", "never-tool", "toolless", "toolless",
+	"invalid-args", "unknown-tool", "garbage", "final", "model-error"}
+
+func drawScenario(t *rapid.T) scenario {
+	n := rapid.IntRange(1, 12).Draw(t, "turns")
+	s := scenario{
+		modelPolicy: rapid.SampledFrom([]events.ReplayPolicy{events.ReplaySafe, events.ReplayNever}).Draw(t, "model_policy"),
+		oneEvent:    rapid.Bool().Draw(t, "one_event_per_transaction"),
+		budget: engine.Budget{
+			MaxSteps:                    rapid.IntRange(1, 12).Draw(t, "max_steps"),
+			MaxActions:                  rapid.IntRange(1, 10).Draw(t, "max_actions"),
+			MaxConsecutiveParseFailures: rapid.IntRange(1, 3).Draw(t, "max_parse_failures"),
+			MaxPromptChars:              rapid.SampledFrom([]int{300, 1000, 100_000, 100_000}).Draw(t, "max_prompt_chars"),
+		},
+	}
+	for i := range n {
+		kind := rapid.SampledFrom(turnKinds).Draw(t, fmt.Sprint("turn_", i))
+		var content string
+		switch kind {
+		case "safe-tool":
+			content = fmt.Sprintf(`TOOL count {"dir":"d%d"}`, i)
+		case "never-tool":
+			content = fmt.Sprintf(`TOOL pay {"amount":%d}`, i)
+		case "invalid-args":
+			content = `TOOL pay {"amount":"lots"}`
+		case "unknown-tool":
+			content = `TOOL launch {}`
+		case "toolless":
+			content = fmt.Sprintf("ACTION: step %d", i)
+		case "garbage":
+			content = "let me think"
+		case "final":
+			content = fmt.Sprintf("FINAL: answer %d", i)
+		}
+		turn := seamstest.Turn{Reply: events.ModelReply{CallID: fmt.Sprintf("call-%d", i), Content: content}}
+		if kind == "model-error" {
+			turn = seamstest.Turn{Err: errors.New("upstream 503")}
+		}
+		s.turns = append(s.turns, turn)
+		s.outcomes = append(s.outcomes, rapid.SampledFrom([]string{"ok", "ok", "ok", "ok", "ok", "complete", "error"}).Draw(t, fmt.Sprint("outcome_", i)))
+	}
+	return s
+}
+
+var registry = func() *seams.Registry {
+	r, err := seams.NewRegistry(
+		seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe,
+			Parameters: map[string]any{"type": "object", "required": []string{"dir"}}},
+			Handler: func(context.Context, map[string]any) (string, error) { return "", nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "pay",
+			Parameters: map[string]any{"type": "object", "required": []string{"amount"},
+				"properties": map[string]any{"amount": map[string]any{"type": "integer"}}}},
+			Handler: func(context.Context, map[string]any) (string, error) { return "", nil }},
+	)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}()
+
+// agent is one process's view of a scenario: fresh model and executor
+// doubles (which count calls) on a store.
+type agent struct {
+	model *seamstest.Model
+	exec  *seamstest.Executor
+	def   engine.Definition
+	req   engine.Request
+}
+
+func (s scenario) agent(store seams.RunStore, model *seamstest.Model, exec *seamstest.Executor) agent {
+	if model == nil {
+		model = &seamstest.Model{Turns: s.turns}
+	}
+	if exec == nil {
+		exec = &seamstest.Executor{Respond: func(_ context.Context, c seams.ActionCall) (events.ActionOutcome, error) {
+			switch s.outcomes[c.StepIdx] {
+			case "complete":
+				return events.ActionOutcome{Status: events.StatusExecuted, Observation: "done", EnvReportedCompletion: true}, nil
+			case "error":
+				return events.ActionOutcome{}, errors.New("sandbox lost")
+			}
+			return events.ActionOutcome{Status: events.StatusExecuted, Observation: fmt.Sprintf("ran %q", c.Action.Text)}, nil
+		}}
+	}
+	return agent{model: model, exec: exec,
+		def: engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store},
+		req: engine.Request{RunID: "p", Budget: s.budget, Executor: exec, Tools: registry,
+			ModelReplayPolicy: s.modelPolicy, OneEventPerTransaction: s.oneEvent,
+			Context: engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "goal")}}}}
+}
+
+func sameSteps(a, b []events.StepRecord) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		x.StepWallMs, y.StepWallMs = 0, 0
+		if !reflect.DeepEqual(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
+// crashStats counts what the crash property exercised, for the closing
+// note; logged once per test.
+var crashStats struct {
+	sync.Mutex
+	runs, crashPoints, unknown int
+}
+
+// TestPropertyCrashAtEveryWrite: for generated runs, crash at every
+// transaction (every event in one-event mode), then Resume. The final
+// trajectory equals the uncrashed run's wherever policies allow continuing;
+// no never side effect runs twice; resume_state_unknown happens exactly when
+// the crash fell between a never intent and its result.
+func TestPropertyCrashAtEveryWrite(t *testing.T) {
+	ctx := context.Background()
+	rapid.Check(t, func(t *rapid.T) {
+		s := drawScenario(t)
+		refStore := &seamstest.MemStore{}
+		ref := s.agent(refStore, nil, nil)
+		want, err := engine.Run(ctx, ref.def, ref.req)
+		if err != nil {
+			t.Fatalf("reference run: %v", err)
+		}
+		if want.StopReason == events.StopResumeStateUnknown || want.StopReason == events.StopCancelled {
+			t.Fatalf("reference stopped with %s", want.StopReason)
+		}
+		total := int(refStore.Transactions())
+		for crash := 0; crash < total; crash++ {
+			store := &seamstest.MemStore{}
+			a := s.agent(&proptest.CrashingStore{Inner: store, After: crash}, nil, nil)
+			if _, err := engine.Run(ctx, a.def, a.req); !errors.Is(err, proptest.ErrCrashed) {
+				t.Fatalf("crash %d of %d: run ended with %v", crash, total, err)
+			}
+			durable, err := store.Load(ctx, "p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			verdict, err := recovery.Classify("p", durable)
+			if err != nil {
+				t.Fatalf("crash %d left a corrupt log: %v", crash, err)
+			}
+			inDoubtNever := verdict.InDoubt != nil && verdict.InDoubt.ReplayPolicy == events.ReplayNever
+
+			// The next process: same scripts, same counters.
+			b := s.agent(store, a.model, a.exec)
+			var got events.RunResult
+			if len(durable) == 0 {
+				if _, err := engine.Resume(ctx, b.def, b.req); !errors.Is(err, engine.ErrRunNotFound) {
+					t.Fatalf("crash %d: resume of an empty log: %v", crash, err)
+				}
+				got, err = engine.Run(ctx, b.def, b.req)
+			} else {
+				got, err = engine.Resume(ctx, b.def, b.req)
+			}
+			if err != nil {
+				t.Fatalf("crash %d: resume: %v", crash, err)
+			}
+			final, _ := store.Load(ctx, "p")
+			if err := recovery.Check("p", final); err != nil {
+				t.Fatalf("crash %d: final log corrupt: %v", crash, err)
+			}
+			if (got.StopReason == events.StopResumeStateUnknown) != inDoubtNever {
+				t.Fatalf("crash %d: stop %s, but never side effect in doubt = %v (state %s)", crash, got.StopReason, inDoubtNever, verdict.State)
+			}
+			if inDoubtNever {
+				if !sameSteps(got.Steps, verdict.Steps()) {
+					t.Fatalf("crash %d: resume_state_unknown changed the trajectory", crash)
+				}
+			} else if got.StopReason != want.StopReason || !sameSteps(got.Steps, want.Steps) ||
+				!reflect.DeepEqual(got.FinalAnswer, want.FinalAnswer) {
+				t.Fatalf("crash %d (state %s): resumed to %s after %d steps, uncrashed run %s after %d",
+					crash, verdict.State, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
+			}
+			checkNeverOnce(t, crash, final, a)
+			crashStats.Lock()
+			crashStats.crashPoints++
+			if inDoubtNever {
+				crashStats.unknown++
+			}
+			crashStats.Unlock()
+		}
+		crashStats.Lock()
+		crashStats.runs++
+		crashStats.Unlock()
+	})
+	crashStats.Lock()
+	t.Logf("%d generated runs, %d crash points resumed, %d of them stopped as resume_state_unknown",
+		crashStats.runs, crashStats.crashPoints, crashStats.unknown)
+	crashStats.Unlock()
+}
+
+// checkNeverOnce: a model call or action whose intent says never was
+// performed at most once across both processes.
+func checkNeverOnce(t *rapid.T, crash int, final []events.Envelope, a agent) {
+	policy := map[string]events.ReplayPolicy{}
+	for _, in := range projections.Fold(final).Intents {
+		policy[in.ResultID] = in.ReplayPolicy
+	}
+	calls := map[string]int{}
+	for _, c := range a.model.Calls() {
+		calls[c.ResultID]++
+	}
+	for id, n := range calls {
+		if n > 1 && policy[id] != events.ReplaySafe {
+			t.Fatalf("crash %d: model call %s (policy %q) made %d times", crash, id, policy[id], n)
+		}
+	}
+	for _, c := range a.exec.Calls() {
+		if n := a.exec.Executions(c.ResultID); n > 1 && policy[c.ResultID] != events.ReplaySafe {
+			t.Fatalf("crash %d: action %s (policy %q) executed %d times", crash, c.ResultID, policy[c.ResultID], n)
+		}
+	}
+}
+
+// logStore holds an arbitrary (possibly damaged) log and appends after it
+// by the store rules.
+type logStore struct {
+	mu  sync.Mutex
+	log []events.Envelope
+	ids events.IDSource
+}
+
+func (l *logStore) Append(_ context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	finished := len(l.log) > 0 && l.log[len(l.log)-1].Kind == events.KindRunFinished
+	if err := seams.CheckAppend(runID, len(l.log) > 0, finished, evs); err != nil {
+		return nil, err
+	}
+	var out []events.Envelope
+	for _, ev := range evs {
+		env := events.Envelope{ID: l.ids.Next(time.Now()), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		l.log = append(l.log, env)
+		out = append(out, env)
+	}
+	return out, nil
+}
+
+func (l *logStore) Load(context.Context, string) ([]events.Envelope, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]events.Envelope(nil), l.log...), nil
+}
+
+func (l *logStore) Parameters() map[string]string { return (&seamstest.MemStore{}).Parameters() }
+
+// damage applies one random change: drop, duplicate, swap, or alter an event.
+func damage(t *rapid.T, log []events.Event) []events.Event {
+	out := append([]events.Event(nil), log...)
+	i := rapid.IntRange(0, len(out)-1).Draw(t, "victim")
+	switch op := rapid.SampledFrom([]string{"drop", "duplicate", "swap", "alter"}).Draw(t, "damage"); op {
+	case "drop":
+		out = append(out[:i], out[i+1:]...)
+	case "duplicate":
+		out = append(out[:i+1], out[i:]...)
+	case "swap":
+		j := rapid.IntRange(0, len(out)-1).Draw(t, "other")
+		out[i], out[j] = out[j], out[i]
+	case "alter":
+		out[i] = alter(t, out[i])
+	}
+	return out
+}
+
+func alter(t *rapid.T, ev events.Event) events.Event {
+	switch e := ev.(type) {
+	case events.Intent:
+		switch rapid.IntRange(0, 3).Draw(t, "intent_field") {
+		case 0:
+			e.CallIndex += rapid.SampledFrom([]int{-1, 1, 5}).Draw(t, "delta")
+		case 1:
+			e.ResultID += "x"
+		case 2:
+			if e.IntentKind == events.IntentAction {
+				e.IntentKind = events.IntentModelCall
+			} else {
+				e.IntentKind = events.IntentAction
+			}
+		case 3:
+			if e.ReplayPolicy == events.ReplaySafe {
+				e.ReplayPolicy = events.ReplayNever
+			} else {
+				e.ReplayPolicy = events.ReplaySafe
+			}
+		}
+		return e
+	case events.ModelCallResult:
+		if rapid.Bool().Draw(t, "swap_outcome") {
+			if e.Reply != nil {
+				f := "made up"
+				e.Reply, e.Failure = nil, &f
+			} else {
+				e.Reply, e.Failure = &events.ModelReply{Content: "FINAL: invented"}, nil
+			}
+		} else {
+			e.ResultID += "x"
+		}
+		return e
+	case events.StepCompleted:
+		switch rapid.IntRange(0, 2).Draw(t, "step_field") {
+		case 0:
+			e.Step.StepIdx += rapid.SampledFrom([]int{-1, 1, 3}).Draw(t, "delta")
+		case 1:
+			e.ResultID += "x"
+		case 2:
+			e.ResultID = ""
+		}
+		return e
+	case events.RunFinished:
+		e.Result.StopReason = events.StopTaskCompleted
+		return e
+	case events.RunStarted:
+		e.RunID += "x"
+		return e
+	}
+	return ev
+}
+
+// TestPropertyDamagedLogsAreRefusedOrResumedSoundly: random damage to a
+// sound log (finished or crashed) is refused by recovery, or, where the
+// damaged log is still sound, resumed to a sound finished log that extends
+// it. Never a panic.
+func TestPropertyDamagedLogsAreRefusedOrResumedSoundly(t *testing.T) {
+	ctx := context.Background()
+	var refused, resumed int
+	rapid.Check(t, func(t *rapid.T) {
+		s := drawScenario(t)
+		mem := &seamstest.MemStore{}
+		crashAfter := rapid.IntRange(-1, 12).Draw(t, "crash_after")
+		a := s.agent(&proptest.CrashingStore{Inner: mem, After: crashAfter}, nil, nil)
+		engine.Run(ctx, a.def, a.req)
+		stream, _ := mem.Load(ctx, "p")
+		if len(stream) == 0 {
+			return
+		}
+		var evs []events.Event
+		for _, env := range stream {
+			evs = append(evs, env.Event)
+		}
+		damaged := damage(t, evs)
+		store := &logStore{}
+		t0 := stream[0].Time()
+		for _, ev := range damaged {
+			store.log = append(store.log, events.Envelope{ID: store.ids.Next(t0), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev})
+		}
+		before := len(store.log)
+		if err := recovery.Check("p", store.log); err != nil {
+			if !errors.Is(err, recovery.ErrCorrupt) {
+				t.Fatalf("refusal is not a CorruptError: %v", err)
+			}
+			b := s.agent(store, nil, nil)
+			if _, err := engine.Resume(ctx, b.def, b.req); err == nil {
+				t.Fatal("Resume accepted a log recovery refuses")
+			}
+			if len(store.log) != before {
+				t.Fatal("a refused Resume wrote")
+			}
+			refused++
+			return
+		}
+		b := s.agent(store, nil, nil)
+		_, err := engine.Resume(ctx, b.def, b.req)
+		if err != nil && !errors.Is(err, engine.ErrParametersChanged) && !errors.Is(err, engine.ErrRunNotFound) {
+			t.Fatalf("Resume of a sound damaged log: %v", err)
+		}
+		if err == nil {
+			if err := recovery.Check("p", store.log); err != nil {
+				t.Fatalf("Resume left a corrupt log: %v", err)
+			}
+			if l := projections.Fold(store.log); l.Finished == nil {
+				t.Fatal("Resume returned but the run is not finished")
+			}
+			for i := range before {
+				if !reflect.DeepEqual(store.log[i].Event, damaged[i]) {
+					t.Fatal("Resume rewrote the existing log")
+				}
+			}
+		}
+		resumed++
+	})
+	t.Logf("damaged logs: %d refused, %d still sound and resumed", refused, resumed)
+}
