@@ -4,6 +4,8 @@ PKGS    := ./...
 BENCH   ?= .
 COUNT   ?= 5
 
+FUZZTIME ?= 60s
+
 .PHONY: build test check prop bench demo ci fuzz
 
 build:
@@ -19,7 +21,13 @@ check:
 
 # Property tests with a hundred times CI's generated cases.
 prop:
-	$(GO) test -count=1 -run 'Property|Contract|Folding' ./... -rapid.checks=10000
+	$(GO) test -count=1 -run 'Property' ./proptest -rapid.checks=100000 -v
+
+# Each fuzz target for a bounded time; the committed corpora under
+# testdata/fuzz also run as ordinary tests in make test.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME) ./events
+	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) ./recovery
 
 # Benchmarks beside the raw bbolt floor; see BENCHMARKS.md.
 bench:

@@ -23,8 +23,13 @@ import (
 )
 
 // TestMain raises rapid's default to 1,000 generated runs per property, so
-// CI covers at least that many; make prop passes -rapid.checks=100000.
+// CI covers at least that many; make prop passes -rapid.checks=100000. Run
+// as the real-crash test's child (see kill_test.go), it runs the agent
+// instead.
 func TestMain(m *testing.M) {
+	if os.Getenv(childStoreEnv) != "" {
+		os.Exit(runKillChild())
+	}
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
