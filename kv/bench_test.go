@@ -167,3 +167,30 @@ func parallelSteps(b *testing.B, g int, step func(worker int) error) {
 	}
 	wg.Wait()
 }
+
+// BenchmarkGroupCommitNoSync separates CPU and page writing from fsync:
+// the concurrent benchmark with fsync off.
+func BenchmarkGroupCommitNoSync(b *testing.B) {
+	for _, g := range []int{1, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
+			s, err := kv.Open(filepath.Join(b.TempDir(), "kv.db"), kv.Options{NoSync: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			for w := range g {
+				startedRun(b, s, fmt.Sprint("w", w))
+			}
+			parallelSteps(b, g, func(w int) error {
+				run := fmt.Sprint("w", w)
+				step := oneStep(run)
+				if _, err := s.Append(ctx, run, step[0]); err != nil {
+					return err
+				}
+				_, err := s.Append(ctx, run, step[1:]...)
+				return err
+			})
+		})
+	}
+}

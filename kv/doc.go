@@ -12,15 +12,22 @@
 //
 // # Group commit
 //
-// Appends from concurrent runs are group-committed: a single writer takes
-// every append queued at the moment it becomes free and commits them in one
-// bbolt transaction, so one fsync serves them all, and each caller returns
-// only when that transaction is durable. The writer never waits for company:
-// an append arriving at an idle store is committed at once. (bbolt's own
-// Batch waits up to MaxBatchDelay for company, which makes a lone run's
-// durable write many times slower.) A refused append in a group does not
-// affect the others: the rules of seams.CheckAppend are checked against the
-// index before anything of that append is written.
+// Appends from concurrent runs are group-committed, leader-style: an
+// appender that finds no commit in progress becomes the leader and commits,
+// in its own goroutine, every append queued at that moment in one bbolt
+// transaction, so one fsync serves them all; each caller returns only when
+// the transaction holding its events is durable. The leader then hands
+// leadership to the oldest waiting appender. A lone append never waits for
+// company and never hands off to another goroutine: it commits at once.
+// (bbolt's own Batch waits up to MaxBatchDelay for company, which makes a
+// lone run's durable write many times slower.) A refused append in a group
+// does not affect the others: the rules of seams.CheckAppend are checked
+// against the index before anything of that append is written. If ctx ends
+// before an append was taken into a transaction, it is withdrawn and
+// nothing of it is written.
+//
+// The freelist is not written on each commit (bbolt's NoFreelistSync; it is
+// rebuilt when the file is opened): it saves a page write per commit.
 //
 // # Caveats
 //

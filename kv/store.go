@@ -64,12 +64,15 @@ type Store struct {
 	maxGroup int
 	ids      events.IDSource
 
-	queue   chan *appendRequest
-	stop    chan struct{}
-	stopped chan struct{}
-	once    sync.Once
-	closeMu sync.RWMutex
+	// Group commit, leader-based: appenders queue under mu; one of them is
+	// the leader and commits everything queued in one transaction, in its
+	// own goroutine. A lone append finds no leader and commits at once, with
+	// no hand-off to another goroutine.
+	mu      sync.Mutex
+	queue   []*appendRequest
+	leading bool
 	closed  bool
+	idle    *sync.Cond // signalled when leadership ends (Close waits on it)
 
 	txCount   uint64 // durable transactions committed, for tests and benchmarks
 	txCountMu sync.Mutex
@@ -81,7 +84,11 @@ type appendRequest struct {
 	vals  [][]byte
 	envs  []events.Envelope
 	err   error
-	done  chan struct{}
+	// wake is closed when the request was committed (or failed), or when
+	// its appender was made the leader (lead is then true).
+	wake  chan struct{}
+	lead  bool
+	taken bool // in a group being committed: it can no longer be withdrawn
 }
 
 // Open opens or creates the store file at path with mode 0600.
@@ -109,7 +116,8 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	var db *bolt.DB
 	err := withFaultsAsPanics(func() (err error) {
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: o.ReadOnly, NoSync: o.NoSync, OpenFile: openFile})
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: o.ReadOnly, NoSync: o.NoSync, OpenFile: openFile,
+			NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 		return err
 	})
 	if err != nil && db == nil && file != nil && errors.Is(err, ErrCorrupt) {
@@ -136,12 +144,7 @@ func Open(path string, o Options) (*Store, error) {
 		withFaultsAsPanics(db.Close)
 		return nil, err
 	}
-	if !o.ReadOnly {
-		s.queue = make(chan *appendRequest, s.maxGroup)
-		s.stop = make(chan struct{})
-		s.stopped = make(chan struct{})
-		go s.writer()
-	}
+	s.idle = sync.NewCond(&s.mu)
 	return s, nil
 }
 
@@ -208,8 +211,9 @@ func (s *Store) Parameters() map[string]string {
 	return map[string]string{"kind": "bbolt", "schema_version": events.CurrentSchemaVersion}
 }
 
-// Append implements seams.RunStore. If ctx ends while the append is queued or
-// being committed, Append returns ctx's error; the events may still land.
+// Append implements seams.RunStore. If ctx ends before the append was
+// taken into a transaction, nothing is written and ctx's error returned;
+// once taken, Append waits for the commit (a bounded disk write).
 func (s *Store) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
 	if s.readOnly {
 		return nil, ErrReadOnly
@@ -217,7 +221,10 @@ func (s *Store) Append(ctx context.Context, runID string, evs ...events.Event) (
 	if len(evs) == 0 {
 		return nil, errors.New("kv: append: no events")
 	}
-	req := &appendRequest{runID: runID, evs: evs, vals: make([][]byte, len(evs)), done: make(chan struct{})}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	req := &appendRequest{runID: runID, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
 	for i, ev := range evs {
 		b, err := events.Marshal(ev)
 		if err != nil {
@@ -225,55 +232,76 @@ func (s *Store) Append(ctx context.Context, runID string, evs ...events.Event) (
 		}
 		req.vals[i] = b
 	}
-	s.closeMu.RLock()
+	s.mu.Lock()
 	if s.closed {
-		s.closeMu.RUnlock()
+		s.mu.Unlock()
 		return nil, ErrClosed
 	}
-	select {
-	case s.queue <- req:
-		s.closeMu.RUnlock()
-	case <-ctx.Done():
-		s.closeMu.RUnlock()
-		return nil, ctx.Err()
-	}
-	select {
-	case <-req.done:
+	s.queue = append(s.queue, req)
+	if !s.leading {
+		s.leading = true
+		s.lead()
 		return req.envs, req.err
+	}
+	s.mu.Unlock()
+
+	select {
+	case <-req.wake:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		s.mu.Lock()
+		if !req.taken && !req.lead {
+			s.withdraw(req)
+			s.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		s.mu.Unlock()
+		<-req.wake
+	}
+	if req.lead {
+		s.mu.Lock()
+		s.lead()
+	}
+	return req.envs, req.err
+}
+
+// withdraw removes a request not yet taken into a group. Called with mu held.
+func (s *Store) withdraw(req *appendRequest) {
+	for i, r := range s.queue {
+		if r == req {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return
+		}
 	}
 }
 
-// writer is the single goroutine that commits queued appends in groups.
-func (s *Store) writer() {
-	debug.SetPanicOnFault(true)
-	defer close(s.stopped)
-	group := make([]*appendRequest, 0, s.maxGroup)
-	for {
-		group = group[:0]
-		select {
-		case r := <-s.queue:
-			group = append(group, r)
-		case <-s.stop:
-			return
-		}
-	collect:
-		for len(group) < s.maxGroup {
-			select {
-			case r := <-s.queue:
-				group = append(group, r)
-			default:
-				break collect
-			}
-		}
-		s.commit(group)
+// lead commits one group: every request queued, up to MaxGroup. The
+// leader's own request is always in it, being either alone in the queue (a
+// new leader) or at its head (a promoted one). Then it hands leadership to
+// the oldest waiting appender, if any. Called with mu held and leading set;
+// returns with mu released.
+func (s *Store) lead() {
+	n := min(len(s.queue), s.maxGroup)
+	group := s.queue[:n:n]
+	s.queue = s.queue[n:]
+	for _, r := range group {
+		r.taken = true
 	}
+	s.mu.Unlock()
+	s.commit(group)
+	s.mu.Lock()
+	if len(s.queue) > 0 {
+		next := s.queue[0]
+		next.lead = true
+		close(next.wake) // it commits what is queued, in its own goroutine
+	} else {
+		s.leading = false
+		s.idle.Broadcast()
+	}
+	s.mu.Unlock()
 }
 
 func (s *Store) commit(group []*appendRequest) {
-	err := func() (err error) {
-		defer guard(&err, "append")
+	err := withFaultsAsPanics(func() (err error) {
 		return s.db.Update(func(tx *bolt.Tx) error {
 			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
 			if runs == nil || index == nil {
@@ -284,18 +312,24 @@ func (s *Store) commit(group []*appendRequest) {
 			}
 			return nil
 		})
-	}()
+	})
 	if err == nil {
 		s.txCountMu.Lock()
 		s.txCount++
 		s.txCountMu.Unlock()
 	}
+	s.mu.Lock()
 	for _, r := range group {
 		if err != nil && r.err == nil {
 			r.err, r.envs = err, nil
 		}
-		close(r.done)
+		if r.lead {
+			r.lead = false // the committing leader's own request: its wake is spent
+		} else {
+			close(r.wake)
+		}
 	}
+	s.mu.Unlock()
 }
 
 // apply writes one request into the open transaction, or refuses it having
@@ -416,8 +450,8 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 }
 
 func (s *Store) checkOpen() error {
-	s.closeMu.RLock()
-	defer s.closeMu.RUnlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
 		return ErrClosed
 	}
@@ -432,29 +466,18 @@ func (s *Store) Transactions() uint64 {
 	return s.txCount
 }
 
-// Close stops the writer after the appends already queued and closes the
-// file. Later calls return nil.
+// Close waits for the appends already queued to be committed and closes
+// the file. Later calls return nil; later appends fail with ErrClosed.
 func (s *Store) Close() error {
-	var err error
-	s.once.Do(func() {
-		s.closeMu.Lock()
-		s.closed = true
-		s.closeMu.Unlock()
-		if s.queue != nil {
-			// No new request can enter the queue now; commit what is there.
-			close(s.stop)
-			<-s.stopped
-			for {
-				select {
-				case r := <-s.queue:
-					s.commit([]*appendRequest{r})
-					continue
-				default:
-				}
-				break
-			}
-		}
-		err = s.db.Close()
-	})
-	return err
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for s.leading {
+		s.idle.Wait()
+	}
+	s.mu.Unlock()
+	return withFaultsAsPanics(s.db.Close)
 }
