@@ -81,14 +81,14 @@ func startedRun(b *testing.B, s *kv.Store, id string) {
 
 // BenchmarkStep measures one step's four durable records, written as four
 // transactions and as two (coalesced), beside raw bbolt Updates of the same
-// bytes. Compare kv/N against raw/N.
+// bytes. Compare txs=N/polyloop against txs=N/floor.
 func BenchmarkStep(b *testing.B) {
 	for _, txs := range []int{4, 2} {
 		groups := [][]int{{0, 1}, {1, 2}, {2, 3}, {3, 4}}
 		if txs == 2 {
 			groups = [][]int{{0, 1}, {1, 4}} // intent | result+intent+step
 		}
-		b.Run(fmt.Sprintf("raw/txs=%d", txs), func(b *testing.B) {
+		b.Run(fmt.Sprintf("txs=%d/floor", txs), func(b *testing.B) {
 			db, vals, run := openRaw(b), encodedStep(b), []byte("bench")
 			var ids events.IDSource
 			for b.Loop() {
@@ -99,7 +99,7 @@ func BenchmarkStep(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("kv/txs=%d", txs), func(b *testing.B) {
+		b.Run(fmt.Sprintf("txs=%d/polyloop", txs), func(b *testing.B) {
 			s, step, ctx := openBench(b), oneStep("bench"), context.Background()
 			startedRun(b, s, "bench")
 			for b.Loop() {
@@ -119,7 +119,7 @@ func BenchmarkStep(b *testing.B) {
 // one fsync each). ns/op is per step across all goroutines.
 func BenchmarkConcurrentAppend(b *testing.B) {
 	for _, g := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("raw/goroutines=%d", g), func(b *testing.B) {
+		b.Run(fmt.Sprintf("goroutines=%d/floor", g), func(b *testing.B) {
 			db, vals := openRaw(b), encodedStep(b)
 			var ids events.IDSource
 			parallelSteps(b, g, func(w int) error {
@@ -130,7 +130,7 @@ func BenchmarkConcurrentAppend(b *testing.B) {
 				return rawUpdate(db, &ids, run, vals[1:])
 			})
 		})
-		b.Run(fmt.Sprintf("kv/goroutines=%d", g), func(b *testing.B) {
+		b.Run(fmt.Sprintf("goroutines=%d/polyloop", g), func(b *testing.B) {
 			s, ctx := openBench(b), context.Background()
 			for w := range g {
 				startedRun(b, s, fmt.Sprint("w", w))

@@ -1,0 +1,140 @@
+// Command polyloop-benchtable reads `go test -bench` output (any -count) on
+// standard input and prints PolyLoop's benchmark table: for every pair of
+// benchmarks named <name>/floor and <name>/polyloop, the median ns/op of
+// each over the repeated runs and their ratio, beside the target where one
+// is set; for BenchmarkConcurrentRuns, each run count's throughput relative
+// to runs=1. Medians and ratios, never a single absolute time: the machines
+// are shared and noisy.
+//
+//	go test -run '^$' -bench . -count 5 ./kv ./engine | polyloop-benchtable
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// targets are the goals of the performance issue, by pair name.
+var targets = map[string]string{
+	"BenchmarkStepLatency":                   "≤ 1.15",
+	"BenchmarkStepCPU":                       "≤ 3",
+	"BenchmarkResume/steps=10000":            "≤ 2",
+	"BenchmarkConcurrentRuns/runs=64":        "≥ 12",
+	"BenchmarkConcurrentRuns/runs=1":         "(base)",
+	"BenchmarkConcurrentAppend/goroutines=1": "",
+}
+
+// sample is one benchmark's repeated results.
+type sample struct {
+	nsPerOp []float64
+	metrics map[string][]float64 // unit -> values
+}
+
+var lineRE = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op(.*)$`)
+
+func parse(r io.Reader) (map[string]*sample, []string) {
+	samples := map[string]*sample{}
+	var order []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		m := lineRE.FindStringSubmatch(strings.TrimSpace(sc.Text()))
+		if m == nil {
+			continue
+		}
+		name := m[1]
+		s := samples[name]
+		if s == nil {
+			s = &sample{metrics: map[string][]float64{}}
+			samples[name] = s
+			order = append(order, name)
+		}
+		ns, _ := strconv.ParseFloat(m[2], 64)
+		s.nsPerOp = append(s.nsPerOp, ns)
+		f := strings.Fields(m[3])
+		for i := 0; i+1 < len(f); i += 2 {
+			if v, err := strconv.ParseFloat(f[i], 64); err == nil {
+				s.metrics[f[i+1]] = append(s.metrics[f[i+1]], v)
+			}
+		}
+	}
+	return samples, order
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func extras(s *sample) string {
+	var units []string
+	for u := range s.metrics {
+		units = append(units, u)
+	}
+	sort.Strings(units)
+	var out []string
+	for _, u := range units {
+		out = append(out, fmt.Sprintf("%.4g %s", median(s.metrics[u]), u))
+	}
+	return strings.Join(out, ", ")
+}
+
+func write(w io.Writer, samples map[string]*sample, order []string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "BENCHMARK\tFLOOR ns/op\tPOLYLOOP ns/op\tRATIO\tTARGET\tRUNS\tPOLYLOOP METRICS")
+	seen := map[string]bool{}
+	for _, name := range order {
+		base, ok := strings.CutSuffix(name, "/polyloop")
+		if !ok || seen[base] {
+			continue
+		}
+		seen[base] = true
+		p, f := samples[name], samples[base+"/floor"]
+		if f == nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.2f×\t%s\t%d\t%s\n", base, median(f.nsPerOp), median(p.nsPerOp),
+			median(p.nsPerOp)/median(f.nsPerOp), targets[base], len(p.nsPerOp), extras(p))
+	}
+	tw.Flush()
+
+	one := samples["BenchmarkConcurrentRuns/runs=1"]
+	if one == nil {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONCURRENT RUNS\tns/step\tTHROUGHPUT vs runs=1\tTARGET\tRUNS\tMETRICS")
+	for _, name := range order {
+		if !strings.HasPrefix(name, "BenchmarkConcurrentRuns/") {
+			continue
+		}
+		s := samples[name]
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%s\t%d\t%s\n", strings.TrimPrefix(name, "BenchmarkConcurrentRuns/"),
+			median(s.nsPerOp), median(one.nsPerOp)/median(s.nsPerOp), targets[name], len(s.nsPerOp), extras(s))
+	}
+	tw.Flush()
+}
+
+func main() {
+	samples, order := parse(os.Stdin)
+	if len(samples) == 0 {
+		fmt.Fprintln(os.Stderr, "polyloop-benchtable: no benchmark lines on standard input")
+		os.Exit(1)
+	}
+	write(os.Stdout, samples, order)
+}

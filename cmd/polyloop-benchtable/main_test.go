@@ -1,0 +1,34 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+const input = `goos: linux
+BenchmarkStepLatency/floor-2      1000   1000000 ns/op
+BenchmarkStepLatency/polyloop-2   1000   1100000 ns/op   2.000 txs/step
+BenchmarkStepLatency/floor-2      1000   3000000 ns/op
+BenchmarkStepLatency/polyloop-2   1000   1300000 ns/op   2.000 txs/step
+BenchmarkStepLatency/floor-2      1000   1200000 ns/op
+BenchmarkStepLatency/polyloop-2   1000   1200000 ns/op   2.002 txs/step
+BenchmarkConcurrentRuns/runs=1-2   100   1200000 ns/op
+BenchmarkConcurrentRuns/runs=64-2  100    100000 ns/op   0.07 txs/step
+PASS
+`
+
+// TestTableUsesMediansAndRatios: medians over repeated runs (the 3 ms
+// outlier does not move the floor), ratio polyloop/floor, throughput
+// relative to runs=1.
+func TestTableUsesMediansAndRatios(t *testing.T) {
+	samples, order := parse(strings.NewReader(input))
+	var out bytes.Buffer
+	write(&out, samples, order)
+	got := out.String()
+	for _, want := range []string{"BenchmarkStepLatency  1200000  1200000  1.00×  ≤ 1.15  3  2 txs/step", "runs=64  100000  12.00×  ≥ 12"} {
+		if !strings.Contains(strings.Join(strings.Fields(got), "  "), strings.Join(strings.Fields(want), "  ")) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+}
