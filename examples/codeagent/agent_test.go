@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+func TestFenceParser(t *testing.T) {
+	cases := []struct {
+		name, content, action, history, invalid, final string
+	}{
+		{name: "block with trailing hallucination", content: "Run it.\n```sh\nls\n```\nOutput: a b c",
+			action: "ls\n", history: "Run it.\n```sh\nls\n```"},
+		{name: "block without language", content: "```\necho hi\n```", action: "echo hi\n", history: "```\necho hi\n```"},
+		{name: "first of two blocks", content: "```sh\nA\n```\n```sh\nB\n```", action: "A\n", history: "```sh\nA\n```"},
+		{name: "unclosed block", content: "```sh\nls", invalid: "not closed"},
+		{name: "no block", content: "thinking...", invalid: "No code block"},
+		{name: "final answer", content: "FINAL ANSWER: 42", final: "42"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := fenceParser{}.Parse(events.ModelReply{Content: c.content})
+			switch d := p.Decision.(type) {
+			case seams.Action:
+				if d.Text != c.action || p.HistoryText != c.history || d.ToolCall != nil {
+					t.Fatalf("action %q history %q", d.Text, p.HistoryText)
+				}
+			case seams.InvalidDecision:
+				if c.invalid == "" || !strings.Contains(d.Explanation, c.invalid) {
+					t.Fatalf("invalid: %s", d.Explanation)
+				}
+			case seams.FinalAnswer:
+				if d.Text != c.final {
+					t.Fatalf("final %q", d.Text)
+				}
+			}
+		})
+	}
+}
+
+func execute(t *testing.T, s *sandbox, code string) events.ActionOutcome {
+	t.Helper()
+	out, err := s.Execute(context.Background(), seams.ActionCall{RunID: "t", Action: seams.Action{Text: code}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestSandbox(t *testing.T) {
+	s := &sandbox{Interpreter: "sh", Timeout: 300 * time.Millisecond, MaxChars: 20, Done: "TASK_COMPLETE", Root: t.TempDir()}
+	if out := execute(t, s, "echo one > f; cat f"); out.Observation != "one\n" || out.EnvReportedCompletion {
+		t.Errorf("plain: %+v", out)
+	}
+	if out := execute(t, s, "cat f"); out.Observation != "one\n" {
+		t.Errorf("state does not persist between steps: %+v", out)
+	}
+	if out := execute(t, s, "echo TASK_COMPLETE"); !out.EnvReportedCompletion {
+		t.Errorf("completion not reported: %+v", out)
+	}
+	if out := execute(t, s, "exit 3"); !strings.Contains(out.Observation, "[exit status 3]") || out.Status != events.StatusExecuted {
+		t.Errorf("exit status: %+v", out)
+	}
+	if out := execute(t, s, "sleep 5"); !strings.Contains(out.Observation, "timed out") {
+		t.Errorf("timeout: %+v", out)
+	}
+	if out := execute(t, s, "printf '%050d' 0"); len(out.Observation) != 20 || out.ObservationTruncatedChars != 30 {
+		t.Errorf("truncation: %q, %d cut", out.Observation, out.ObservationTruncatedChars)
+	}
+	broken := &sandbox{Interpreter: "/nonexistent/interpreter", Timeout: time.Second, MaxChars: 100, Root: t.TempDir()}
+	if _, err := broken.Execute(context.Background(), seams.ActionCall{RunID: "t", Action: seams.Action{Text: "x"}}); err == nil {
+		t.Error("a missing interpreter is not an environment failure")
+	}
+}
+
+func cfg(t *testing.T) config {
+	return config{store: filepath.Join(t.TempDir(), "ca.db"), runID: "t", interpreter: "sh", workRoot: t.TempDir(), crashAfter: -1}
+}
+
+func TestCodeAgentCompletesOffline(t *testing.T) {
+	r, err := run(context.Background(), cfg(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StopReason != events.StopTaskCompleted || len(r.Steps) != 4 || strings.Contains(r.Steps[0].RawOutput, "Output: durable") {
+		t.Fatalf("%s after %d steps; raw output %q", r.StopReason, len(r.Steps), r.Steps[0].RawOutput)
+	}
+}
+
+// TestInterruptedRunResumes: the run is cut off after each durable write in
+// turn and resumed; every resume completes the task. Code blocks are
+// tool-less actions (policy never), so a crash while one ran stops the run
+// honestly instead of running it twice.
+func TestInterruptedRunResumes(t *testing.T) {
+	for crash := 1; crash < 8; crash++ {
+		c := cfg(t)
+		store, err := kv.Open(c.store, kv.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		model := &seamstest.Model{Turns: seamstest.Replies(script...)}
+		def, req := agent(model, &proptest.CrashingStore{Inner: store, After: crash}, c)
+		if _, err := engine.Run(context.Background(), def, req); !errors.Is(err, proptest.ErrCrashed) {
+			t.Fatalf("crash %d: %v", crash, err)
+		}
+		def.Store = store
+		stream, _ := store.Load(context.Background(), "t")
+		verdict, err := recovery.Classify("t", stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := engine.Resume(context.Background(), def, req)
+		store.Close()
+		if err != nil {
+			t.Fatalf("crash %d: %v", crash, err)
+		}
+		want := events.StopTaskCompleted
+		if verdict.State == recovery.ActionUnknown {
+			want = events.StopResumeStateUnknown // a code block may have run: never run it twice
+		}
+		if r.StopReason != want {
+			t.Fatalf("crash %d at %s: %s, want %s", crash, verdict.State, r.StopReason, want)
+		}
+		t.Logf("crash after %d writes: %s after %d steps", crash, r.StopReason, len(r.Steps))
+	}
+}
+
+// TestCodeAgentAgainstAnEndpoint: with -url, the agent talks to an
+// OpenAI-compatible server (here a local test server replaying the script).
+func TestCodeAgentAgainstAnEndpoint(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Role, Content string }
+		}
+		b, _ := io.ReadAll(r.Body)
+		json.Unmarshal(b, &req)
+		i := int(calls.Add(1)) - 1
+		if i >= len(script) || !strings.Contains(req.Messages[1].Content, "notes.txt") {
+			http.Error(w, `{"error":{"message":"unexpected request"}}`, 400)
+			return
+		}
+		reply, _ := json.Marshal(script[i])
+		fmt.Fprintf(w, `{"id":"chatcmpl-%d","choices":[{"message":{"role":"assistant","content":%s}}]}`, i, reply)
+	}))
+	defer srv.Close()
+	c := cfg(t)
+	c.url, c.model = srv.URL+"/v1", "test-model"
+	r, err := run(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StopReason != events.StopTaskCompleted || *r.Steps[0].CallID != "chatcmpl-0" {
+		t.Fatalf("%s, call id %v", r.StopReason, r.Steps[0].CallID)
+	}
+}

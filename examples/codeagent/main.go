@@ -1,0 +1,134 @@
+// Command codeagent is a tool-less code agent in PolyLoop, in the style of
+// a ReAct agent over a sandbox: the model writes one fenced code block per
+// step, the sandbox runs it with an interpreter in the run's working
+// directory, and the run completes when the program prints the done marker.
+//
+// Offline by default (a scripted model); with -url it talks to any
+// OpenAI-compatible endpoint. -crash-after N kills the process after N
+// durable writes, and -resume continues the run:
+//
+//	go run ./examples/codeagent -run demo -crash-after 3
+//	go run ./examples/codeagent -run demo -resume
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+const goal = `Create a file notes.txt holding the line "durable agents", count its words, and
+when the count is right print TASK_COMPLETE.`
+
+// script is the offline model: what a model would write, including text
+// after the code block that the parser drops from the history.
+var script = []string{
+	"I'll create the file first.\n```sh\necho 'durable agents' > notes.txt\ncat notes.txt\n```\nOutput: durable agents",
+	"Now count the words.\n```sh\nwc -w < notes.txt\n```",
+	"Let me think about this.",
+	"Two words, as expected.\n```sh\ntest \"$(wc -w < notes.txt)\" -eq 2 && echo TASK_COMPLETE\n```",
+}
+
+type config struct {
+	store, runID, url, model, interpreter, workRoot string
+	resume                                          bool
+	crashAfter                                      int
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.store, "store", "codeagent.db", "bbolt store file")
+	flag.StringVar(&c.runID, "run", "codeagent-1", "run id")
+	flag.StringVar(&c.url, "url", "", "OpenAI-compatible base URL (e.g. http://localhost:11434/v1); empty: scripted model")
+	flag.StringVar(&c.model, "model", "qwen2.5-coder", "model name for -url")
+	flag.StringVar(&c.interpreter, "interpreter", "sh", "interpreter that runs each code block")
+	flag.StringVar(&c.workRoot, "work", filepath.Join(os.TempDir(), "polyloop-codeagent"), "root of the runs' working directories")
+	flag.BoolVar(&c.resume, "resume", false, "resume the run instead of starting it")
+	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
+	flag.Parse()
+	r, err := run(context.Background(), c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "codeagent:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("run %s: %s after %d steps\n", r.RunID, r.StopReason, len(r.Steps))
+	for _, s := range r.Steps {
+		fmt.Printf("--- step %d (%s)\n%s\n", s.StepIdx, statusOf(s), s.Observation)
+	}
+}
+
+func statusOf(s events.StepRecord) string {
+	if s.ActionStatus != nil {
+		return string(*s.ActionStatus)
+	}
+	if !s.ParseOK {
+		return "parse failed"
+	}
+	return "no action"
+}
+
+func run(ctx context.Context, c config) (events.RunResult, error) {
+	store, err := kv.Open(c.store, kv.Options{})
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	defer store.Close()
+	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies(script...)}
+	if c.url != "" {
+		if model, err = openai.New(openai.Options{BaseURL: c.url, Model: c.model}); err != nil {
+			return events.RunResult{}, err
+		}
+	}
+	var runStore seams.RunStore = store
+	if c.crashAfter >= 0 {
+		runStore = &exitAfter{RunStore: store, left: c.crashAfter}
+	}
+	def, req := agent(model, runStore, c)
+	if c.resume {
+		return engine.Resume(ctx, def, req)
+	}
+	return engine.Run(ctx, def, req)
+}
+
+func agent(model seams.ModelClient, store seams.RunStore, c config) (engine.Definition, engine.Request) {
+	def := engine.Definition{Model: model, Parser: fenceParser{}, Store: store}
+	req := engine.Request{
+		RunID:             c.runID,
+		Budget:            engine.Budget{MaxSteps: 12, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 60_000},
+		Executor:          &sandbox{Interpreter: c.interpreter, Timeout: 10 * time.Second, MaxChars: 4000, Done: "TASK_COMPLETE", Root: c.workRoot},
+		ModelReplayPolicy: events.ReplaySafe,
+		Context: engine.Context{
+			RunLevel: []seams.Message{seams.Text(seams.RoleSystem,
+				"You solve tasks by writing one fenced shell code block per reply. You see its output next turn.")},
+			GoalLevel: []seams.Message{seams.Text(seams.RoleUser, goal)},
+		},
+		ObservationTemplate: "Output:\n{observation}",
+	}
+	return def, req
+}
+
+// exitAfter lets n appends through, then ends the process abruptly before
+// the next one: the way a crash interrupts a run.
+type exitAfter struct {
+	seams.RunStore
+	left int
+}
+
+func (e *exitAfter) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+	if e.left == 0 {
+		fmt.Fprintln(os.Stderr, "codeagent: crashing on purpose; continue with -resume")
+		os.Exit(3)
+	}
+	e.left--
+	return e.RunStore.Append(ctx, runID, evs...)
+}
