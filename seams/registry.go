@@ -27,6 +27,16 @@ type ToolSpec struct {
 	CompletesRun bool
 }
 
+type actionCallKey struct{}
+
+// CallOf returns the ActionCall a ToolHandler is serving: the run id, step
+// and result id. A handler with a side effect can use the result id as an
+// idempotency key, since a replay after a crash carries the same one.
+func CallOf(ctx context.Context) (ActionCall, bool) {
+	c, ok := ctx.Value(actionCallKey{}).(ActionCall)
+	return c, ok
+}
+
 // ToolHandler runs a tool. Its returned text is the observation. An error is
 // shown to the model as the observation (the tool ran and said no), unless
 // it is marked with EnvFailure, which makes the step env_error and stops the
@@ -244,7 +254,7 @@ func (e *ToolExecutor) Execute(ctx context.Context, call ActionCall) (out events
 			out, err = events.ActionOutcome{}, fmt.Errorf("seams: tool %q panicked: %v", tc.Name, p)
 		}
 	}()
-	text, herr := e.registry.tools[tc.Name].handler(ctx, tc.Arguments)
+	text, herr := e.registry.tools[tc.Name].handler(context.WithValue(ctx, actionCallKey{}, call), tc.Arguments)
 	switch {
 	case herr == nil:
 	case IsEnvFailure(herr):

@@ -1,0 +1,183 @@
+// Command toolagent is a phased document-review agent in PolyLoop: JSON
+// Schema tools in one registry, a different RestrictTo subset per phase, a
+// submit tool marked completes_run, reads marked safe and writes (findings,
+// summaries) marked never. Each phase is its own run; the review phase reads
+// the triage phase's submitted summary back from the results file.
+//
+// Offline by default (scripted models); with -url it talks to any
+// OpenAI-compatible endpoint. -crash-after N kills the process after N
+// durable writes; -resume continues where it stopped:
+//
+//	go run ./examples/toolagent -crash-after 9
+//	go run ./examples/toolagent -resume
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// phase is one run of the review.
+type phase struct {
+	name   string
+	tools  []string
+	goal   func(resultData) string
+	script []string // the offline model's replies
+}
+
+var phases = []phase{
+	{
+		name:  "triage",
+		tools: []string{"list_documents", "read_document", "submit"},
+		goal: func(resultData) string {
+			return "List the documents, read each, and submit the ids of those that need a legal review, comma-separated."
+		},
+		script: []string{
+			`{"tool":"list_documents","arguments":{}}`,
+			`{"tool":"read_document","arguments":{"id":"lease-2024"}}`,
+			`{"tool":"read_document","arguments":{"id":"nda-acme"}}`,
+			`{"tool":"read_document","arguments":{"id":"supply-beta"}}`,
+			`Two of them look risky. {"tool":"submit","arguments":{"summary":"lease-2024,nda-acme"}}`,
+		},
+	},
+	{
+		name:  "review",
+		tools: []string{"read_document", "flag_issue", "submit"},
+		goal: func(d resultData) string {
+			return "Review these documents and flag every risky clause, then submit a one-line summary: " + d.Summaries[runPrefix+"/triage"]
+		},
+		script: []string{
+			`{"tool":"read_document","arguments":{"id":"lease-2024"}}`,
+			`{"tool":"flag_issue","arguments":{"document":"lease-2024","clause":3,"severity":"high","note":"termination without notice"}}`,
+			`{"tool":"read_document","arguments":{"id":"nda-acme"}}`,
+			`{"tool":"flag_issue","arguments":{"document":"nda-acme","clause":2,"severity":"medium","note":"no liability cap"}}`,
+			`Severity must be low or high. {"tool":"flag_issue","arguments":{"document":"nda-acme","clause":2,"severity":"high","note":"no liability cap"}}`,
+			`{"tool":"submit","arguments":{"summary":"2 high-severity issues in 2 documents"}}`,
+		},
+	},
+}
+
+var runPrefix = "review-1"
+
+type config struct {
+	store, results, url, model string
+	resume                     bool
+	crashAfter                 int
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.store, "store", "toolagent.db", "bbolt store file")
+	flag.StringVar(&c.results, "results", "toolagent-results.json", "results file (the consumer's database)")
+	flag.StringVar(&runPrefix, "run", runPrefix, "run id prefix; phases append /triage and /review")
+	flag.StringVar(&c.url, "url", "", "OpenAI-compatible base URL; empty: scripted models")
+	flag.StringVar(&c.model, "model", "qwen2.5", "model name for -url")
+	flag.BoolVar(&c.resume, "resume", false, "resume an interrupted review")
+	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
+	flag.Parse()
+	if err := review(context.Background(), c, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "toolagent:", err)
+		os.Exit(1)
+	}
+}
+
+// review runs (or, resuming, continues) each phase in turn.
+func review(ctx context.Context, c config, out io.Writer) error {
+	store, err := kv.Open(c.store, kv.Options{})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	db := &results{path: c.results}
+	all, err := tools(db)
+	if err != nil {
+		return err
+	}
+	var runStore seams.RunStore = store
+	if c.crashAfter >= 0 {
+		runStore = &exitAfter{RunStore: store, left: c.crashAfter}
+	}
+	for _, p := range phases {
+		r, err := runPhase(ctx, p, all, db, runStore, c)
+		if err != nil {
+			return fmt.Errorf("phase %s: %w", p.name, err)
+		}
+		fmt.Fprintf(out, "phase %s: %s after %d steps\n", p.name, r.StopReason, len(r.Steps))
+		if r.StopReason != events.StopTaskCompleted {
+			return fmt.Errorf("phase %s did not complete (%s)", p.name, r.StopReason)
+		}
+	}
+	d, err := db.load()
+	if err != nil {
+		return err
+	}
+	for _, f := range d.Findings {
+		fmt.Fprintf(out, "finding: %s clause %d [%s] %s\n", f.Document, f.Clause, f.Severity, f.Note)
+	}
+	fmt.Fprintf(out, "summary: %s\n", d.Summaries[runPrefix+"/review"])
+	return nil
+}
+
+func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, store seams.RunStore, c config) (events.RunResult, error) {
+	reg, err := all.RestrictTo(p.tools...)
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	d, err := db.load()
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies(p.script...)}
+	if c.url != "" {
+		if model, err = openai.New(openai.Options{BaseURL: c.url, Model: c.model}); err != nil {
+			return events.RunResult{}, err
+		}
+	}
+	def := engine.Definition{Model: model, Parser: jsonParser{}, Store: store}
+	req := engine.Request{
+		RunID:             runPrefix + "/" + p.name,
+		Budget:            engine.Budget{MaxSteps: 15, MaxActions: 12, MaxConsecutiveParseFailures: 3, MaxPromptChars: 80_000},
+		Tools:             reg,
+		Executor:          reg.Executor(),
+		ModelReplayPolicy: events.ReplaySafe,
+		Context: engine.Context{
+			RunLevel: []seams.Message{seams.Text(seams.RoleSystem,
+				`You review contracts. Answer with exactly one JSON object per reply: {"tool": "<name>", "arguments": {...}}.`)},
+			GoalLevel: []seams.Message{seams.Text(seams.RoleUser, p.goal(d))},
+		},
+		ObservationTemplate: "Tool result: {observation}",
+	}
+	if c.resume {
+		r, err := engine.Resume(ctx, def, req)
+		if !errors.Is(err, engine.ErrRunNotFound) {
+			return r, err
+		}
+	}
+	return engine.Run(ctx, def, req)
+}
+
+// exitAfter lets n appends through, then ends the process abruptly.
+type exitAfter struct {
+	seams.RunStore
+	left int
+}
+
+func (e *exitAfter) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+	if e.left == 0 {
+		fmt.Fprintln(os.Stderr, "toolagent: crashing on purpose; continue with -resume")
+		os.Exit(3)
+	}
+	e.left--
+	return e.RunStore.Append(ctx, runID, evs...)
+}
