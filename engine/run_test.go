@@ -459,3 +459,42 @@ func TestHundredConcurrentRunsShareOneDefinition(t *testing.T) {
 		t.Fatalf("%d runs listed", len(runs))
 	}
 }
+
+// stuckStore blocks every append holding RunFinished until its context
+// ends: a store too slow to record a cancelled run's end within the grace.
+type stuckStore struct{ seams.RunStore }
+
+func (s stuckStore) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+	for _, ev := range evs {
+		if ev.Kind() == events.KindRunFinished {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+	}
+	return s.RunStore.Append(ctx, runID, evs...)
+}
+
+// TestCancelGraceRunsOut: when RunFinished{cancelled} cannot be written
+// within CancelGrace, Run says so and the run stays resumable.
+func TestCancelGraceRunsOut(t *testing.T) {
+	mem := &seamstest.MemStore{}
+	a := newAgent(stuckStore{mem}, "g", append(seamstest.Replies("ACTION: a"), seamstest.Turn{Block: true})...)
+	a.req.CancelGrace = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	a.model.OnCall = func(c seams.ModelCall) {
+		if c.CallIndex == 1 {
+			cancel()
+		}
+	}
+	_, err := engine.Run(ctx, a.def, a.req)
+	if err == nil || !strings.Contains(err.Error(), "can be resumed") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v", err)
+	}
+	a.def.Store = mem
+	a.model.OnCall = nil
+	a.model.Turns = seamstest.Replies("ACTION: a", "FINAL: done")
+	r, err := engine.Resume(context.Background(), a.def, a.req)
+	if err != nil || r.StopReason != events.StopAgentFinished {
+		t.Fatalf("resume after the grace ran out: %v %v", r.StopReason, err)
+	}
+}
