@@ -84,26 +84,6 @@ func stepEvents(b *testing.B) [][][]byte {
 	return out
 }
 
-func rawPut(db *bolt.DB, ids *events.IDSource, run []byte, vals [][]byte) error {
-	return db.Update(func(tx *bolt.Tx) error {
-		root, err := tx.CreateBucketIfNotExists([]byte("runs"))
-		if err != nil {
-			return err
-		}
-		bk, err := root.CreateBucketIfNotExists(run)
-		if err != nil {
-			return err
-		}
-		for _, v := range vals {
-			id := ids.Next(time.Now())
-			if err := bk.Put(id[:], v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
 func openBolt(b *testing.B, noSync bool) *bolt.DB {
 	db, err := bolt.Open(filepath.Join(b.TempDir(), "floor.db"), 0o600, &bolt.Options{NoSync: noSync})
 	if err != nil {
@@ -130,7 +110,7 @@ func BenchmarkStepLatency(b *testing.B) {
 		var ids events.IDSource
 		for b.Loop() {
 			for _, g := range groups {
-				if err := rawPut(db, &ids, []byte("bench"), g); err != nil {
+				if err := proptest.BoltFloor(db, &ids, []byte("bench"), g); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -110,7 +110,7 @@ func TestResumedRunSendsTheSameMessages(t *testing.T) {
 		if err != nil {
 			t.Fatalf("crash %d: %v", crash, err)
 		}
-		if got.StopReason != want.StopReason || !sameSteps(got.Steps, want.Steps) {
+		if got.StopReason != want.StopReason || !proptest.SameSteps(got.Steps, want.Steps) {
 			t.Fatalf("crash %d: resumed to %s/%d steps, want %s/%d", crash, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
 		}
 		for _, c := range a.model.Calls() {

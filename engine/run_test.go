@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -376,7 +375,7 @@ func TestConsumerFailuresNeverDamageTheLog(t *testing.T) {
 			if r.EventDeliveryFailures != len(stream) || len(sink.Envelopes()) != len(stream) {
 				t.Fatalf("%d failures counted, %d delivered, %d events", r.EventDeliveryFailures, len(sink.Envelopes()), len(stream))
 			}
-			if !sameSteps(plain.Steps, r.Steps) || plain.StopReason != r.StopReason {
+			if !proptest.SameSteps(plain.Steps, r.Steps) || plain.StopReason != r.StopReason {
 				t.Fatal("a failing sink changed the run")
 			}
 		})
@@ -405,21 +404,6 @@ type panickyParser struct{}
 
 func (panickyParser) Parse(events.ModelReply) seams.ParsedReply { panic("parser bug") }
 func (panickyParser) Parameters() map[string]string             { return nil }
-
-// sameSteps compares trajectories with the timing field aside.
-func sameSteps(a, b []events.StepRecord) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		x.StepWallMs, y.StepWallMs = 0, 0
-		if !reflect.DeepEqual(x, y) {
-			return false
-		}
-	}
-	return true
-}
 
 // TestHundredConcurrentRunsShareOneDefinition runs under -race in CI.
 func TestHundredConcurrentRunsShareOneDefinition(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -30,28 +29,6 @@ func encodedStep(b *testing.B) [][]byte {
 		vals = append(vals, v)
 	}
 	return vals
-}
-
-// rawUpdate is the floor: one bbolt Update putting the same bytes under
-// ULID keys in a run's nested bucket, as kv does, with no index or checks.
-func rawUpdate(db *bolt.DB, ids *events.IDSource, run []byte, vals [][]byte) error {
-	return db.Update(func(tx *bolt.Tx) error {
-		root, err := tx.CreateBucketIfNotExists([]byte("runs"))
-		if err != nil {
-			return err
-		}
-		b, err := root.CreateBucketIfNotExists(run)
-		if err != nil {
-			return err
-		}
-		for _, v := range vals {
-			id := ids.Next(time.Now())
-			if err := b.Put(id[:], v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
 }
 
 func openRaw(b *testing.B) *bolt.DB {
@@ -93,7 +70,7 @@ func BenchmarkStep(b *testing.B) {
 			var ids events.IDSource
 			for b.Loop() {
 				for _, g := range groups {
-					if err := rawUpdate(db, &ids, run, vals[g[0]:g[1]]); err != nil {
+					if err := proptest.BoltFloor(db, &ids, run, vals[g[0]:g[1]]); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -124,10 +101,10 @@ func BenchmarkConcurrentAppend(b *testing.B) {
 			var ids events.IDSource
 			parallelSteps(b, g, func(w int) error {
 				run := []byte(fmt.Sprint("w", w))
-				if err := rawUpdate(db, &ids, run, vals[:1]); err != nil {
+				if err := proptest.BoltFloor(db, &ids, run, vals[:1]); err != nil {
 					return err
 				}
-				return rawUpdate(db, &ids, run, vals[1:])
+				return proptest.BoltFloor(db, &ids, run, vals[1:])
 			})
 		})
 		b.Run(fmt.Sprintf("goroutines=%d/polyloop", g), func(b *testing.B) {

@@ -16,6 +16,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
@@ -177,7 +178,7 @@ func TestRealCrashSIGKILL(t *testing.T) {
 			if got.StopReason != events.StopResumeStateUnknown || len(got.Steps) != verdict.Step {
 				t.Fatalf("kill %d: never action in doubt, resumed to %s", kills, got.StopReason)
 			}
-		case got.StopReason != want.StopReason || !sameSteps(got.Steps, want.Steps):
+		case got.StopReason != want.StopReason || !proptest.SameSteps(got.Steps, want.Steps):
 			t.Fatalf("kill %d (%s at step %d): resumed to %s after %d steps, want %s after %d",
 				kills, verdict.State, verdict.Step, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
 		}

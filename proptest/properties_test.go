@@ -142,20 +142,6 @@ func (s scenario) agent(store seams.RunStore, model *seamstest.Model, exec *seam
 			Context: engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "goal")}}}}
 }
 
-func sameSteps(a, b []events.StepRecord) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		x.StepWallMs, y.StepWallMs = 0, 0
-		if !reflect.DeepEqual(x, y) {
-			return false
-		}
-	}
-	return true
-}
-
 // crashStats counts what the crash property exercised, for the closing
 // note; logged once per test.
 var crashStats struct {
@@ -220,10 +206,10 @@ func TestPropertyCrashAtEveryWrite(t *testing.T) {
 				t.Fatalf("crash %d: stop %s, but never side effect in doubt = %v (state %s)", crash, got.StopReason, inDoubtNever, verdict.State)
 			}
 			if inDoubtNever {
-				if !sameSteps(got.Steps, verdict.Steps()) {
+				if !proptest.SameSteps(got.Steps, verdict.Steps()) {
 					t.Fatalf("crash %d: resume_state_unknown changed the trajectory", crash)
 				}
-			} else if got.StopReason != want.StopReason || !sameSteps(got.Steps, want.Steps) ||
+			} else if got.StopReason != want.StopReason || !proptest.SameSteps(got.Steps, want.Steps) ||
 				!reflect.DeepEqual(got.FinalAnswer, want.FinalAnswer) {
 				t.Fatalf("crash %d (state %s): resumed to %s after %d steps, uncrashed run %s after %d",
 					crash, verdict.State, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
