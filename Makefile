@@ -31,7 +31,8 @@ fuzz:
 
 # Benchmarks beside the raw bbolt floor; see BENCHMARKS.md.
 bench:
-	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./kv ./engine | tee bench.out | $(GO) run ./cmd/polyloop-benchtable
+	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./kv ./engine > bench.out
+	$(GO) run ./cmd/polyloop-benchtable < bench.out
 
 # The main job: a demo run on a store file in the working directory, then an
 # inspection of that store.
