@@ -117,8 +117,11 @@ type machine struct {
 	steps         []events.StepRecord
 	actions       int // executed actions
 	parseFailures int // consecutive
-	history       []seams.Message
-	historyChars  int
+	// prompt is the prefix followed by the history, grown in place; a model
+	// call gets a capacity-capped view of it, so a step costs O(1) here
+	// however long the history is.
+	prompt       []seams.Message
+	historyChars int
 	cur           current
 	// ending is how the run must stop after the last completed step (a
 	// final answer, a failed model call, env_error, completion, too many
@@ -129,7 +132,9 @@ type machine struct {
 	batch []events.Event // being planned
 }
 
-func newMachine(cfg *config) *machine { return &machine{cfg: cfg} }
+func newMachine(cfg *config) *machine {
+	return &machine{cfg: cfg, prompt: append([]seams.Message(nil), cfg.prefix...)}
+}
 
 // step is the reducer.
 func (m *machine) step(in input) command {
@@ -208,7 +213,7 @@ func (m *machine) apply(ev events.Event, at time.Time, live bool) {
 
 func (m *machine) addHistory(msgs ...seams.Message) {
 	for _, msg := range msgs {
-		m.history = append(m.history, msg)
+		m.prompt = append(m.prompt, msg)
 		m.historyChars += messageChars(msg)
 	}
 }
@@ -293,10 +298,8 @@ func (m *machine) finish(in input, reason events.StopReason, answer *string) {
 }
 
 func (m *machine) modelCommand() command {
-	msgs := make([]seams.Message, 0, len(m.cfg.prefix)+len(m.history))
-	msgs = append(append(msgs, m.cfg.prefix...), m.history...)
 	return command{kind: cmdCallModel, model: seams.ModelCall{
-		Messages: msgs, CallIndex: m.cur.intent.CallIndex, RunID: m.cfg.runID,
+		Messages: m.prompt[:len(m.prompt):len(m.prompt)], CallIndex: m.cur.intent.CallIndex, RunID: m.cfg.runID,
 		ResultID: m.cur.intent.ResultID, Binding: m.cfg.binding,
 	}}
 }

@@ -1,7 +1,6 @@
 package kv
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -402,7 +401,7 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 					bad = append(bad, fmt.Errorf("%w: run %q: key %x is not a ULID", ErrCorrupt, runID, k))
 					continue
 				}
-				env, err := events.Unmarshal(ulid.ULID(k), bytes.Clone(v))
+				env, err := events.Unmarshal(ulid.ULID(k), v) // decoding copies what it keeps
 				if err != nil {
 					bad = append(bad, err)
 					continue

@@ -79,6 +79,9 @@ func (TextBlock) contentBlock() {}
 
 // ModelCall is what the engine asks of the model.
 type ModelCall struct {
+	// Messages is the prompt. It is shared with the engine and later calls:
+	// read it, do not modify it (appending to it is safe: its capacity is
+	// capped).
 	Messages []Message
 	// CallIndex counts model calls in the run from 0; it equals the step index.
 	CallIndex int
