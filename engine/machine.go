@@ -122,7 +122,7 @@ type machine struct {
 	// however long the history is.
 	prompt       []seams.Message
 	historyChars int
-	cur           current
+	cur          current
 	// ending is how the run must stop after the last completed step (a
 	// final answer, a failed model call, env_error, completion, too many
 	// parse failures), derived from the durable step so that a crash
