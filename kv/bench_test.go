@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -168,6 +169,85 @@ func BenchmarkGroupCommitNoSync(b *testing.B) {
 				_, err := s.Append(ctx, run, step[1:]...)
 				return err
 			})
+		})
+	}
+}
+
+// BenchmarkGroupedTransaction is the floor of group commit: raw bbolt
+// transactions that each carry one step's two appends for G different runs
+// (G nested buckets), fsync on, beside kv's equivalent (G goroutines, each
+// a run, whose appends the store groups). One op is one step of every run;
+// compare the ns/step metrics.
+func BenchmarkGroupedTransaction(b *testing.B) {
+	for _, g := range []int{32} {
+		b.Run(fmt.Sprintf("runs=%d/floor", g), func(b *testing.B) {
+			db, vals := openRaw(b), encodedStep(b)
+			var ids events.IDSource
+			runs := make([][]byte, g)
+			for i := range runs {
+				runs[i] = []byte(fmt.Sprint("w", i))
+			}
+			steps := 0
+			for b.Loop() {
+				// Two transactions per round, like a step's two appends, each
+				// serving all G runs.
+				for _, part := range [][][]byte{vals[:1], vals[1:]} {
+					err := db.Update(func(tx *bolt.Tx) error {
+						root, err := tx.CreateBucketIfNotExists([]byte("runs"))
+						if err != nil {
+							return err
+						}
+						for _, run := range runs {
+							bk, err := root.CreateBucketIfNotExists(run)
+							if err != nil {
+								return err
+							}
+							for _, v := range part {
+								id := ids.Next(time.Now())
+								if err := bk.Put(id[:], v); err != nil {
+									return err
+								}
+							}
+						}
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				steps += g
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(steps), "ns/step")
+		})
+		b.Run(fmt.Sprintf("runs=%d/polyloop", g), func(b *testing.B) {
+			s, ctx := openBench(b), context.Background()
+			for w := range g {
+				startedRun(b, s, fmt.Sprint("w", w))
+			}
+			b.ResetTimer()
+			var steps atomic.Int64
+			var wg sync.WaitGroup
+			for w := range g {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					run := fmt.Sprint("w", w)
+					step := oneStep(run)
+					for i := 0; i < b.N; i++ {
+						if _, err := s.Append(ctx, run, step[0]); err != nil {
+							b.Error(err)
+							return
+						}
+						if _, err := s.Append(ctx, run, step[1:]...); err != nil {
+							b.Error(err)
+							return
+						}
+						steps.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(steps.Load()), "ns/step")
 		})
 	}
 }
