@@ -127,6 +127,9 @@ func Unmarshal(id ulid.ULID, b []byte) (env Envelope, err error) {
 	fail := func(kind Kind, sentinel error, detail string) (Envelope, error) {
 		return Envelope{}, &DecodeError{ID: id, Kind: kind, Err: sentinel, Detail: detail}
 	}
+	if err := wellFormed(b); err != nil {
+		return fail("", ErrMalformed, err.Error())
+	}
 	var w wireEnvelope
 	if err := msgpack.Unmarshal(b, &w); err != nil {
 		return fail("", ErrMalformed, err.Error())
@@ -153,6 +156,25 @@ func Unmarshal(id ulid.ULID, b []byte) (env Envelope, err error) {
 		return fail(kind, ErrPayloadMismatch, err.Error())
 	}
 	return Envelope{ID: id, Kind: kind, SchemaVersion: *w.SchemaVersion, Event: ev}, nil
+}
+
+// wellFormed walks b as exactly one msgpack value without building it. The
+// decoder sizes maps and slices from their declared lengths (up to a
+// million elements); walking first proves every declared length is backed
+// by bytes, so a damaged value cannot make decoding allocate far beyond its
+// own size.
+func wellFormed(b []byte) error {
+	r := bytes.NewReader(b)
+	d := msgpack.GetDecoder()
+	defer msgpack.PutDecoder(d)
+	d.Reset(r)
+	if err := d.Skip(); err != nil {
+		return err
+	}
+	if r.Len() > 0 {
+		return fmt.Errorf("%d bytes after the envelope", r.Len())
+	}
+	return nil
 }
 
 func majorOf(v string) (int, error) {
