@@ -165,9 +165,10 @@ func Unmarshal(id ulid.ULID, b []byte) (env Envelope, err error) {
 // own size.
 func wellFormed(b []byte) error {
 	r := bytes.NewReader(b)
-	d := msgpack.GetDecoder()
-	defer msgpack.PutDecoder(d)
-	d.Reset(r)
+	// A fresh decoder, not a pooled one: skipping a bogus length grows the
+	// decoder's buffer by up to a megabyte, and a pooled decoder would keep
+	// growing with every damaged value it met.
+	d := msgpack.NewDecoder(r)
 	if err := d.Skip(); err != nil {
 		return err
 	}
