@@ -77,7 +77,9 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("state %s with in-doubt %v", v.State, v.InDoubt)
 		}
 		// Every prefix of a sound log is sound: that is what a crash leaves.
-		for n := range stream {
+		// (At most 64 prefixes, evenly spaced, to keep an input linear.)
+		stride := max(1, len(stream)/64)
+		for n := 0; n < len(stream); n += stride {
 			if err := recovery.Check("f", stream[:n]); err != nil {
 				t.Fatalf("prefix %d of a sound log is refused: %v", n, err)
 			}
