@@ -4,8 +4,8 @@
 // directory, and the run completes when the program prints the done marker.
 //
 // Offline by default (a scripted model); with -url it talks to any
-// OpenAI-compatible endpoint. -crash-after N kills the process after N
-// durable writes, and -resume continues the run:
+// OpenAI-compatible endpoint. -crash-after N stops the process after N
+// durable writes, as a crash would, and -resume continues the run:
 //
 //	go run ./examples/codeagent -run demo -crash-after 3
 //	go run ./examples/codeagent -run demo -resume
@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
@@ -57,6 +59,10 @@ func main() {
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
 	flag.Parse()
 	r, err := run(context.Background(), c)
+	if errors.Is(err, proptest.ErrCrashed) {
+		fmt.Fprintln(os.Stderr, "codeagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
+		os.Exit(3)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "codeagent:", err)
 		os.Exit(1)
@@ -91,7 +97,7 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 	}
 	var runStore seams.RunStore = store
 	if c.crashAfter >= 0 {
-		runStore = &exitAfter{RunStore: store, left: c.crashAfter}
+		runStore = &proptest.CrashingStore{Inner: store, After: c.crashAfter}
 	}
 	def, req := agent(model, runStore, c)
 	if c.resume {
@@ -115,20 +121,4 @@ func agent(model seams.ModelClient, store seams.RunStore, c config) (engine.Defi
 		ObservationTemplate: "Output:\n{observation}",
 	}
 	return def, req
-}
-
-// exitAfter lets n appends through, then ends the process abruptly before
-// the next one: the way a crash interrupts a run.
-type exitAfter struct {
-	seams.RunStore
-	left int
-}
-
-func (e *exitAfter) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
-	if e.left == 0 {
-		fmt.Fprintln(os.Stderr, "codeagent: crashing on purpose; continue with -resume")
-		os.Exit(3)
-	}
-	e.left--
-	return e.RunStore.Append(ctx, runID, evs...)
 }

@@ -5,8 +5,8 @@
 // the triage phase's submitted summary back from the results file.
 //
 // Offline by default (scripted models); with -url it talks to any
-// OpenAI-compatible endpoint. -crash-after N kills the process after N
-// durable writes; -resume continues where it stopped:
+// OpenAI-compatible endpoint. -crash-after N stops the process after N
+// durable writes, as a crash would; -resume continues where it stopped:
 //
 //	go run ./examples/toolagent -crash-after 9
 //	go run ./examples/toolagent -resume
@@ -24,6 +24,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
@@ -86,7 +87,12 @@ func main() {
 	flag.BoolVar(&c.resume, "resume", false, "resume an interrupted review")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
 	flag.Parse()
-	if err := review(context.Background(), c, os.Stdout); err != nil {
+	err := review(context.Background(), c, os.Stdout)
+	if errors.Is(err, proptest.ErrCrashed) {
+		fmt.Fprintln(os.Stderr, "toolagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
+		os.Exit(3)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "toolagent:", err)
 		os.Exit(1)
 	}
@@ -106,7 +112,7 @@ func review(ctx context.Context, c config, out io.Writer) error {
 	}
 	var runStore seams.RunStore = store
 	if c.crashAfter >= 0 {
-		runStore = &exitAfter{RunStore: store, left: c.crashAfter}
+		runStore = &proptest.CrashingStore{Inner: store, After: c.crashAfter}
 	}
 	for _, p := range phases {
 		r, err := runPhase(ctx, p, all, db, runStore, c)
@@ -165,19 +171,4 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 		}
 	}
 	return engine.Run(ctx, def, req)
-}
-
-// exitAfter lets n appends through, then ends the process abruptly.
-type exitAfter struct {
-	seams.RunStore
-	left int
-}
-
-func (e *exitAfter) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
-	if e.left == 0 {
-		fmt.Fprintln(os.Stderr, "toolagent: crashing on purpose; continue with -resume")
-		os.Exit(3)
-	}
-	e.left--
-	return e.RunStore.Append(ctx, runID, evs...)
 }
