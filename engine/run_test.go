@@ -482,3 +482,25 @@ func TestCancelGraceRunsOut(t *testing.T) {
 		t.Fatalf("resume after the grace ran out: %v %v", r.StopReason, err)
 	}
 }
+
+// TestCancellationInterruptsAnAction: an executor that honours its context
+// is interrupted, and RunFinished{cancelled} is recorded with the action's
+// intent unanswered.
+func TestCancellationInterruptsAnAction(t *testing.T) {
+	store := openKV(t)
+	a := newAgent(store, "ca", seamstest.Replies("ACTION: sleep 60")...)
+	ctx, cancel := context.WithCancel(context.Background())
+	a.exec.Respond = func(ctx context.Context, _ seams.ActionCall) (events.ActionOutcome, error) {
+		cancel()
+		<-ctx.Done()
+		return events.ActionOutcome{}, ctx.Err()
+	}
+	r, err := engine.Run(ctx, a.def, a.req)
+	if err != nil || r.StopReason != events.StopCancelled || len(r.Steps) != 0 {
+		t.Fatalf("%v after %d steps: %v", r.StopReason, len(r.Steps), err)
+	}
+	stream := soundLog(t, store, "ca")
+	if k := stream[len(stream)-2].Kind; k != events.KindIntent {
+		t.Fatalf("event before run_finished is %s, want the unanswered action intent", k)
+	}
+}
