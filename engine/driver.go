@@ -85,12 +85,11 @@ type driver struct {
 	failures int
 }
 
-// resultIDs mints result ids for every run of the process: ULIDs, unique and
-// increasing.
-var resultIDs events.IDSource
-
+// newDriver returns a driver with its own id source: result ids are ULIDs,
+// increasing within the run and, with 80 random bits each, unique across
+// runs.
 func newDriver(def Definition, req Request) *driver {
-	return &driver{def: def, req: req, ids: &resultIDs}
+	return &driver{def: def, req: req, ids: new(events.IDSource)}
 }
 
 func (d *driver) observe(ctx context.Context, in input) input {

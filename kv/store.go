@@ -346,6 +346,9 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 	if err := seams.CheckAppend(r.runID, started, info.Status == StatusFinished, r.evs); err != nil {
 		return err
 	}
+	if len(key) > bolt.MaxKeySize {
+		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(key), bolt.MaxKeySize)
+	}
 	b, err := runs.CreateBucketIfNotExists(key)
 	if err != nil {
 		return fmt.Errorf("kv: bucket for run %q: %w", r.runID, err)

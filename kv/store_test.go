@@ -287,3 +287,31 @@ func TestClosedStoreRefusesWork(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// TestOversizedRunIDIsRefusedAndOthersInTheGroupLand: a run id longer than
+// bbolt's key limit fails with a reason and writes nothing, while an append
+// of another run committed beside it lands.
+func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
+	s := openTemp(t, kv.Options{})
+	ctx := context.Background()
+	long := strings.Repeat("x", 40_000)
+	var wg sync.WaitGroup
+	var errLong, errOK error
+	wg.Add(2)
+	go func() { defer wg.Done(); _, errLong = s.Append(ctx, long, proptest.SoundStream(long)[0]) }()
+	go func() { defer wg.Done(); _, errOK = s.Append(ctx, "fine", proptest.SoundStream("fine")[0]) }()
+	wg.Wait()
+	if errLong == nil || !strings.Contains(errLong.Error(), "key limit") {
+		t.Fatalf("long run id: %v", errLong)
+	}
+	if errOK != nil {
+		t.Fatal(errOK)
+	}
+	if got, _ := s.Load(ctx, "fine"); len(got) != 1 {
+		t.Fatalf("the other append has %d events", len(got))
+	}
+	runs, _ := s.Runs(ctx)
+	if len(runs) != 1 {
+		t.Fatalf("%d runs listed", len(runs))
+	}
+}
