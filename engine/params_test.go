@@ -1,0 +1,32 @@
+package engine
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestMergeRefusesAKeyWithTwoValues: the rule behind both snapshots.
+func TestMergeRefusesAKeyWithTwoValues(t *testing.T) {
+	dst := map[string]string{"model.name": "a", "model.temperature": "0"}
+	var conflicts []string
+	merge(dst, "model.", map[string]string{"name": "b", "temperature": "0", "top_p": "1"}, &conflicts)
+	err := conflictError(conflicts)
+	if !errors.Is(err, ErrParameterConflict) || !strings.Contains(err.Error(), `model.name: "a" vs "b"`) || len(conflicts) != 1 {
+		t.Fatalf("got %v", err)
+	}
+	if dst["model.top_p"] != "1" || dst["model.name"] != "a" {
+		t.Fatalf("merged %v", dst)
+	}
+}
+
+func TestSnapshotDiffListsEveryKeyWithBothValues(t *testing.T) {
+	got := snapshotDiff(
+		map[string]string{"a": "1", "b": "2", "gone": "x"},
+		map[string]string{"a": "1", "b": "3", "new": "y"},
+	)
+	want := []string{`b: "2" at start, now "3"`, `gone: "x" at start, now absent`, `new: absent at start, now "y"`}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("got %q", got)
+	}
+}
