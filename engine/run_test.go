@@ -37,7 +37,6 @@ func budget() engine.Budget {
 type agent struct {
 	model *seamstest.Model
 	exec  *seamstest.Executor
-	sink  *seamstest.Sink
 	def   engine.Definition
 	req   engine.Request
 }

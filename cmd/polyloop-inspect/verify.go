@@ -44,12 +44,10 @@ func verifyCommand(w io.Writer, args []string, _ bool) int {
 		}
 		if err != nil {
 			corrupt++
-			reasons := []string{err.Error()}
+			reasons := strings.Split(err.Error(), "\n")
 			var ce *recovery.CorruptError
 			if errors.As(err, &ce) {
 				reasons = ce.Reasons
-			} else {
-				reasons = strings.Split(err.Error(), "\n")
 			}
 			fmt.Fprintf(w, "%s: corrupt (%d problems)\n", escape(id), len(reasons))
 			for _, r := range reasons {
