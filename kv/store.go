@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -73,8 +74,7 @@ type Store struct {
 	closed  bool
 	idle    *sync.Cond // signalled when leadership ends (Close waits on it)
 
-	txCount   uint64 // durable transactions committed, for tests and benchmarks
-	txCountMu sync.Mutex
+	txCount atomic.Uint64 // durable transactions committed, for tests and benchmarks
 }
 
 type appendRequest struct {
@@ -313,9 +313,7 @@ func (s *Store) commit(group []*appendRequest) {
 		})
 	})
 	if err == nil {
-		s.txCountMu.Lock()
-		s.txCount++
-		s.txCountMu.Unlock()
+		s.txCount.Add(1)
 	}
 	s.mu.Lock()
 	for _, r := range group {
@@ -462,11 +460,7 @@ func (s *Store) checkOpen() error {
 
 // Transactions is the number of write transactions committed so far. Tests
 // and benchmarks use it to count durable writes per step.
-func (s *Store) Transactions() uint64 {
-	s.txCountMu.Lock()
-	defer s.txCountMu.Unlock()
-	return s.txCount
-}
+func (s *Store) Transactions() uint64 { return s.txCount.Load() }
 
 // Close waits for the appends already queued to be committed and closes
 // the file. Later calls return nil; later appends fail with ErrClosed.

@@ -14,7 +14,8 @@
 // ActionExecutor.Execute takes an ActionCall, not a bare Action: the call
 // carries the run id, step index and the pre-allocated result id, exactly as
 // ModelCall does for the model, so an executor can make a replayed side
-// effect idempotent (the result id is the same on a replay).
+// effect idempotent (the result id is the same on a replay). Tool handlers,
+// which take only their arguments, read the same call with CallOf(ctx).
 //
 // What does not live here: implementations of the seams (kv.Store is the
 // bbolt RunStore; seams/seamstest holds test doubles) and the loop that
