@@ -239,7 +239,7 @@ type discardAppends struct {
 	ids events.IDSource
 }
 
-func (d *discardAppends) Append(_ context.Context, _ string, evs ...events.Event) ([]events.Envelope, error) {
+func (d *discardAppends) Append(_ context.Context, _ string, _ ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	out := make([]events.Envelope, len(evs))
 	for i, ev := range evs {
 		if _, err := events.Marshal(ev); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -56,19 +57,34 @@ func (s SyntheticObservations) withDefaults() SyntheticObservations {
 
 func (d Definition) validate() error {
 	var missing []string
-	if d.Model == nil {
-		missing = append(missing, "Model")
-	}
-	if d.Parser == nil {
-		missing = append(missing, "Parser")
-	}
-	if d.Store == nil {
-		missing = append(missing, "Store")
+	for _, seam := range []struct {
+		name string
+		v    any
+	}{{"Model", d.Model}, {"Parser", d.Parser}, {"Store", d.Store}} {
+		if isNil(seam.v) {
+			missing = append(missing, seam.name)
+		}
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: Definition.%s is nil", ErrInvalidDefinition, strings.Join(missing, ", Definition."))
 	}
+	if d.Events != nil && isNil(d.Events) {
+		return fmt.Errorf("%w: Definition.Events is a nil %T (leave it unset to discard events)", ErrInvalidDefinition, d.Events)
+	}
 	return nil
+}
+
+// isNil reports whether v is nil or an interface holding a nil pointer, map,
+// slice, function or channel: a seam that would panic when called.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // ParameterSnapshot merges the seams' parameters, prefixed by seam (model.,
@@ -126,6 +142,13 @@ var (
 	ErrInvalidRequest = errors.New("engine: invalid request")
 	// ErrParameterConflict: one parameter key was reported with two values.
 	ErrParameterConflict = errors.New("engine: conflicting parameter")
+	// ErrRunBusy: another driver holds the run or continued it first. Either
+	// the store's run lock (seams.RunLocker) was held, and this driver read
+	// and executed nothing, or an append found that the stream's tail had
+	// moved (seams.ErrTailMoved), and this driver stopped at once, executing
+	// nothing more: one run has one driver, and the other one's
+	// continuation is the run's.
+	ErrRunBusy = errors.New("engine: run is busy: another driver holds or continued it")
 	// ErrParametersChanged: Resume found a parameter snapshot different from
 	// the one the run started with; the message lists every differing key.
 	ErrParametersChanged = errors.New("engine: parameters changed since the run started")

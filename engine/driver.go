@@ -2,11 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
@@ -23,6 +26,11 @@ func Run(ctx context.Context, def Definition, req Request) (events.RunResult, er
 	if err != nil {
 		return events.RunResult{}, err
 	}
+	release, err := lockRun(def.Store, req.RunID)
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	defer release()
 	existing, err := def.Store.Load(ctx, req.RunID)
 	if err != nil {
 		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
@@ -30,7 +38,20 @@ func Run(ctx context.Context, def Definition, req Request) (events.RunResult, er
 	if len(existing) > 0 {
 		return events.RunResult{}, fmt.Errorf("engine: run %q: %w", req.RunID, ErrRunExists)
 	}
-	return newDriver(def, req).drive(ctx, newMachine(cfg))
+	return newDriver(def, req, ulid.ULID{}).drive(ctx, newMachine(cfg))
+}
+
+// lockRun reserves runID for this driver when the store can (seams.RunLocker).
+func lockRun(store seams.RunStore, runID string) (func(), error) {
+	l, ok := store.(seams.RunLocker)
+	if !ok {
+		return func() {}, nil
+	}
+	release, err := l.LockRun(runID)
+	if err != nil {
+		return nil, fmt.Errorf("engine: run %q: %w: %w", runID, ErrRunBusy, err)
+	}
+	return release, nil
 }
 
 // prepare validates everything and builds the run's fixed configuration.
@@ -83,13 +104,17 @@ type driver struct {
 	req      Request
 	ids      *events.IDSource
 	failures int
+	// tail is the id of the stream's last event as this driver knows it:
+	// every append names it, so a driver whose tail another writer moved
+	// fails its next append and stops.
+	tail ulid.ULID
 }
 
-// newDriver returns a driver with its own id source: result ids are ULIDs,
-// increasing within the run and, with 80 random bits each, unique across
-// runs.
-func newDriver(def Definition, req Request) *driver {
-	return &driver{def: def, req: req, ids: new(events.IDSource)}
+// newDriver returns a driver continuing the stream from tail (zero for a
+// new run), with its own id source: result ids are ULIDs, increasing within
+// the run and, with 80 random bits each, unique across runs.
+func newDriver(def Definition, req Request, tail ulid.ULID) *driver {
+	return &driver{def: def, req: req, ids: new(events.IDSource), tail: tail}
 }
 
 func (d *driver) observe(ctx context.Context, in input) input {
@@ -129,16 +154,18 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 }
 
 // append makes evs durable — in one transaction, or one per event when
-// coalescing is off — and delivers each to the sink once durable. After
-// cancellation the write uses a context detached from ctx, bounded by the
-// grace, so RunFinished{cancelled} can still be recorded.
+// coalescing is off — each naming the tail it continues, and delivers each
+// event to the sink once durable.
+//
+// An append is never abandoned because the run was cancelled: the events
+// may record a side effect that already happened (the outcome of an action,
+// a model reply), and losing them would turn a known outcome into one in
+// doubt. The store therefore gets a context detached from ctx that ends
+// CancelGrace after ctx does, whether the append was queued, in flight or
+// not yet started when the cancellation came.
 func (d *driver) append(ctx context.Context, evs []events.Event) ([]events.Envelope, error) {
-	wctx := ctx
-	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), d.req.cancelGrace())
-		defer cancel()
-	}
+	wctx, release := graceContext(ctx, d.req.cancelGrace())
+	defer release()
 	groups := [][]events.Event{evs}
 	if d.req.OneEventPerTransaction {
 		groups = groups[:0]
@@ -148,20 +175,54 @@ func (d *driver) append(ctx context.Context, evs []events.Event) ([]events.Envel
 	}
 	var out []events.Envelope
 	for _, g := range groups {
-		envs, err := d.def.Store.Append(wctx, d.req.RunID, g...)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("engine: run %q cancelled and its end could not be recorded within %s (it can be resumed): %w",
-					d.req.RunID, d.req.cancelGrace(), err)
-			}
-			return nil, fmt.Errorf("engine: append to run %q: %w", d.req.RunID, err)
+		envs, err := d.def.Store.Append(wctx, d.req.RunID, d.tail, g...)
+		switch {
+		case err == nil:
+		case errors.Is(err, seams.ErrTailMoved):
+			return nil, fmt.Errorf("engine: run %q: %w: appending %s, its tail had moved; this driver stopped and executes nothing more: %w",
+				d.req.RunID, ErrRunBusy, kinds(g), err)
+		case ctx.Err() != nil && wctx.Err() != nil:
+			return nil, fmt.Errorf("engine: run %q was cancelled and its %s could not be made durable within the cancel grace of %s (the run can be resumed): %w (store: %w)",
+				d.req.RunID, kinds(g), d.req.cancelGrace(), context.Cause(wctx), err)
+		default:
+			return nil, fmt.Errorf("engine: append %s to run %q: %w", kinds(g), d.req.RunID, err)
 		}
+		d.tail = envs[len(envs)-1].ID
 		for _, env := range envs {
 			d.emit(wctx, env)
 		}
 		out = append(out, envs...)
 	}
 	return out, nil
+}
+
+// graceContext returns a context that carries ctx's values but not its
+// cancellation, and ends grace after ctx ends, its cause then wrapping
+// context.DeadlineExceeded. release frees its resources.
+func graceContext(ctx context.Context, grace time.Duration) (context.Context, func()) {
+	wctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel(fmt.Errorf("the cancel grace ran out: %w", context.DeadlineExceeded))
+		case <-wctx.Done():
+		}
+	})
+	return wctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// kinds names a batch of events for an error message.
+func kinds(evs []events.Event) string {
+	names := make([]string, len(evs))
+	for i, ev := range evs {
+		names[i] = string(ev.Kind())
+	}
+	return strings.Join(names, "+")
 }
 
 // emit delivers one durable event; errors and panics are counted.

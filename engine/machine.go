@@ -155,7 +155,7 @@ func (m *machine) step(in input) command {
 				m.cur.intentAt = env.Time()
 			}
 		}
-		return m.afterDurable()
+		return m.afterDurable(in)
 	case inModelReturned:
 		return m.modelReturned(in)
 	case inActionReturned:
@@ -223,11 +223,17 @@ func (m *machine) addHistory(msgs ...seams.Message) {
 func (m *machine) promptChars() int { return m.cfg.prefixChars + m.historyChars }
 
 // afterDurable: the planned batch is durable; ask for the side effect it
-// announced, or end the run.
-func (m *machine) afterDurable() command {
+// announced, or end the run. A run cancelled meanwhile starts no side
+// effect: it finishes cancelled, leaving the intent unanswered (nothing
+// happened, and recovery accepts an unanswered intent before
+// RunFinished{cancelled}).
+func (m *machine) afterDurable(in input) command {
 	switch {
 	case m.finished != nil:
 		return command{kind: cmdDone, result: *m.finished}
+	case in.cancelled && (m.cur.acted || m.cur.issued):
+		m.finish(in, events.StopCancelled, nil)
+		return m.flush()
 	case m.cur.action != nil && m.cur.acted:
 		return m.executeCommand()
 	case m.cur.intent != nil && m.cur.issued && m.cur.reply == nil && m.cur.failure == nil:

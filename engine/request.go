@@ -115,8 +115,10 @@ func (r Request) Validate() error {
 			bad("Budget.%s is %d, must be positive", b.name, b.v)
 		}
 	}
-	if r.Executor == nil {
+	if isNil(r.Executor) {
 		bad("Executor is nil")
+	} else if te, ok := r.Executor.(*seams.ToolExecutor); ok && te.Registry() == nil {
+		bad("Executor was derived from a nil *seams.Registry")
 	}
 	if !r.ModelReplayPolicy.Valid() {
 		if r.ModelReplayPolicy == "" {
@@ -134,7 +136,7 @@ func (r Request) Validate() error {
 	if r.CancelGrace < 0 {
 		bad("CancelGrace is negative (%s)", r.CancelGrace)
 	}
-	if te, ok := r.Executor.(*seams.ToolExecutor); ok && te.Registry() != r.Tools {
+	if te, ok := r.Executor.(*seams.ToolExecutor); ok && te != nil && te.Registry() != nil && te.Registry() != r.Tools {
 		bad("Executor was derived from a registry other than Tools")
 	}
 	for ch, list := range r.Injections {

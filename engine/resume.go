@@ -24,6 +24,11 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	if err != nil {
 		return events.RunResult{}, err
 	}
+	release, err := lockRun(def.Store, req.RunID)
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	defer release()
 	stream, err := def.Store.Load(ctx, req.RunID)
 	if err != nil {
 		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
@@ -46,5 +51,5 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	for _, env := range stream {
 		m.step(input{kind: inReplayed, env: env})
 	}
-	return newDriver(def, req).drive(ctx, m)
+	return newDriver(def, req, stream[len(stream)-1].ID).drive(ctx, m)
 }

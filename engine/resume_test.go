@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/proptest"
@@ -75,7 +77,7 @@ func TestResumeRefusesChangedParameters(t *testing.T) {
 func TestResumeRefusesACorruptLog(t *testing.T) {
 	store := openKV(t)
 	failure := "x"
-	if _, err := store.Append(context.Background(), "bad",
+	if _, err := store.Append(context.Background(), "bad", ulid.ULID{},
 		proptest.SoundStream("bad")[0],
 		events.ModelCallResult{RunID: "bad", ResultID: "orphan", Failure: &failure}); err != nil {
 		t.Fatal(err)

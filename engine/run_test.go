@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -447,14 +449,14 @@ func TestHundredConcurrentRunsShareOneDefinition(t *testing.T) {
 // ends: a store too slow to record a cancelled run's end within the grace.
 type stuckStore struct{ seams.RunStore }
 
-func (s stuckStore) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+func (s stuckStore) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	for _, ev := range evs {
 		if ev.Kind() == events.KindRunFinished {
 			<-ctx.Done()
 			return nil, ctx.Err()
 		}
 	}
-	return s.RunStore.Append(ctx, runID, evs...)
+	return s.RunStore.Append(ctx, runID, after, evs...)
 }
 
 // TestCancelGraceRunsOut: when RunFinished{cancelled} cannot be written

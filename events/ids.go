@@ -49,6 +49,29 @@ func (s *IDSource) Next(now time.Time) ulid.ULID {
 	return id
 }
 
+// NextAfter returns an id from Next, or, when that is not after floor, the
+// smallest id after floor. Stores pass a stream's last key as floor, so a
+// stream's keys increase even when an earlier process wrote them with a
+// clock ahead of this one: the new keys then carry floor's millisecond (or
+// the next one) until the clock catches up. Unlike Next, the result is not
+// ordered against this source's other results.
+func (s *IDSource) NextAfter(now time.Time, floor ulid.ULID) ulid.ULID {
+	id := s.Next(now)
+	if id.Compare(floor) > 0 {
+		return id
+	}
+	next := floor
+	if incremented(&next) {
+		return next
+	}
+	// floor's entropy is all ones: move to the next millisecond.
+	next = ulid.ULID{}
+	if err := next.SetTime(floor.Time() + 1); err != nil {
+		panic(err) // only past year 10889
+	}
+	return next
+}
+
 // incremented adds one to the 80-bit entropy part; false on overflow.
 func incremented(id *ulid.ULID) bool {
 	for i := len(id) - 1; i >= 6; i-- {

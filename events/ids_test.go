@@ -45,3 +45,29 @@ func TestIDSourceIsMonotonicUnderContention(t *testing.T) {
 		}
 	}
 }
+
+// TestNextAfterStaysAfterAFloorFromTheFuture: a stream written with a clock
+// an hour ahead still gets increasing keys from a process whose clock is
+// behind it, including when the floor's entropy is exhausted.
+func TestNextAfterStaysAfterAFloorFromTheFuture(t *testing.T) {
+	now := time.UnixMilli(1_700_000_000_000)
+	var src events.IDSource
+	floor := src.Next(now.Add(time.Hour))
+	maxed := floor
+	for i := 6; i < len(maxed); i++ {
+		maxed[i] = 0xff
+	}
+	for _, f := range []ulid.ULID{floor, maxed, {}} {
+		last := f
+		for range 100 {
+			id := src.NextAfter(now, last)
+			if id.Compare(last) <= 0 {
+				t.Fatalf("NextAfter(%s) = %s, not after the floor", last, id)
+			}
+			last = id
+		}
+	}
+	if id := src.NextAfter(now.Add(2*time.Hour), floor); id.Time() != ulid.Timestamp(now.Add(2*time.Hour)) {
+		t.Fatalf("with the clock past the floor, NextAfter = %s, want the clock's millisecond", id)
+	}
+}

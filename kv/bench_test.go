@@ -11,6 +11,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/proptest"
@@ -50,11 +52,14 @@ func openBench(b *testing.B) *kv.Store {
 	return s
 }
 
-// startedRun appends a RunStarted so step records may follow.
-func startedRun(b *testing.B, s *kv.Store, id string) {
-	if _, err := s.Append(context.Background(), id, proptest.SoundStream(id)[0]); err != nil {
+// startedRun appends a RunStarted so step records may follow, and returns
+// the run's tail.
+func startedRun(b *testing.B, s *kv.Store, id string) ulid.ULID {
+	envs, err := s.Append(context.Background(), id, ulid.ULID{}, proptest.SoundStream(id)[0])
+	if err != nil {
 		b.Fatal(err)
 	}
+	return envs[0].ID
 }
 
 // BenchmarkStep measures one step's four durable records, written as four
@@ -79,12 +84,14 @@ func BenchmarkStep(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("txs=%d/polyloop", txs), func(b *testing.B) {
 			s, step, ctx := openBench(b), oneStep("bench"), context.Background()
-			startedRun(b, s, "bench")
+			tail := startedRun(b, s, "bench")
 			for b.Loop() {
 				for _, g := range groups {
-					if _, err := s.Append(ctx, "bench", step[g[0]:g[1]]...); err != nil {
+					envs, err := s.Append(ctx, "bench", tail, step[g[0]:g[1]]...)
+					if err != nil {
 						b.Fatal(err)
 					}
+					tail = envs[len(envs)-1].ID
 				}
 			}
 		})
@@ -118,17 +125,23 @@ func BenchmarkConcurrentAppend(b *testing.B) {
 // coalesces them, from g goroutines, each its own run.
 func storeSteps(b *testing.B, s *kv.Store, g int) {
 	ctx := context.Background()
+	tails := make([]ulid.ULID, g)
 	for w := range g {
-		startedRun(b, s, fmt.Sprint("w", w))
+		tails[w] = startedRun(b, s, fmt.Sprint("w", w))
 	}
 	parallelSteps(b, g, func(w int) error {
 		run := fmt.Sprint("w", w)
 		step := oneStep(run)
-		if _, err := s.Append(ctx, run, step[0]); err != nil {
+		envs, err := s.Append(ctx, run, tails[w], step[0])
+		if err != nil {
 			return err
 		}
-		_, err := s.Append(ctx, run, step[1:]...)
-		return err
+		envs, err = s.Append(ctx, run, envs[0].ID, step[1:]...)
+		if err != nil {
+			return err
+		}
+		tails[w] = envs[len(envs)-1].ID
+		return nil
 	})
 }
 

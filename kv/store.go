@@ -58,6 +58,8 @@ type Options struct {
 
 // Store is a bbolt-backed seams.RunStore, safe for concurrent use.
 type Store struct {
+	seams.RunLocks // one driver per run in this process; the file lock keeps other processes out
+
 	db       *bolt.DB
 	path     string
 	readOnly bool
@@ -79,6 +81,7 @@ type Store struct {
 
 type appendRequest struct {
 	runID string
+	after ulid.ULID
 	evs   []events.Event
 	vals  [][]byte
 	envs  []events.Envelope
@@ -212,8 +215,10 @@ func (s *Store) Parameters() map[string]string {
 
 // Append implements seams.RunStore. If ctx ends before the append was
 // taken into a transaction, nothing is written and ctx's error returned;
-// once taken, Append waits for the commit (a bounded disk write).
-func (s *Store) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+// once taken, Append waits for the commit (a bounded disk write). The tail
+// check and the keys' floor read the run's bucket inside the transaction
+// that writes, so appends grouped into one transaction see each other.
+func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	if s.readOnly {
 		return nil, ErrReadOnly
 	}
@@ -223,7 +228,7 @@ func (s *Store) Append(ctx context.Context, runID string, evs ...events.Event) (
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	req := &appendRequest{runID: runID, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
+	req := &appendRequest{runID: runID, after: after, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
 	for i, ev := range evs {
 		b, err := events.Marshal(ev)
 		if err != nil {
@@ -308,6 +313,10 @@ func (s *Store) commit(group []*appendRequest) {
 			}
 			for _, r := range group {
 				r.err = s.apply(runs, index, r)
+				var w *writeError
+				if errors.As(r.err, &w) {
+					return r.err // part of r may be written: the whole group rolls back
+				}
 			}
 			return nil
 		})
@@ -341,15 +350,38 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 		}
 		started = true
 	}
-	if err := seams.CheckAppend(r.runID, started, info.Status == StatusFinished, r.evs); err != nil {
+	b := runs.Bucket(key)
+	var tail ulid.ULID
+	if b != nil {
+		if k, _ := b.Cursor().Last(); k != nil {
+			if len(k) != len(tail) {
+				return fmt.Errorf("%w: run %q: last key %x is not a ULID", ErrCorrupt, r.runID, k)
+			}
+			tail = ulid.ULID(k)
+		}
+	}
+	if started != (tail != ulid.ULID{}) {
+		return fmt.Errorf("%w: run %q: its index entry and its stream disagree on whether it exists", ErrCorrupt, r.runID)
+	}
+	if err := seams.CheckAppend(r.runID, tail, info.Status == StatusFinished, r.after, r.evs); err != nil {
 		return err
 	}
 	if len(key) > bolt.MaxKeySize {
 		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(key), bolt.MaxKeySize)
 	}
-	b, err := runs.CreateBucketIfNotExists(key)
-	if err != nil {
-		return fmt.Errorf("kv: bucket for run %q: %w", r.runID, err)
+	for i, v := range r.vals {
+		if len(v) > bolt.MaxValueSize {
+			return fmt.Errorf("kv: event %d (%s) of run %q encodes to %d bytes, more than bbolt's %d-byte value limit",
+				i, r.evs[i].Kind(), r.runID, len(v), bolt.MaxValueSize)
+		}
+	}
+	// Past this point nothing is refused: a failure is bbolt's, and fails
+	// the whole transaction (writeError), since part of r may be written.
+	if b == nil {
+		var err error
+		if b, err = runs.CreateBucket(key); err != nil {
+			return &writeError{fmt.Errorf("kv: bucket for run %q: %w", r.runID, err)}
+		}
 	}
 	if !started {
 		info = RunInfo{RunID: r.runID, Status: StatusRunning}
@@ -357,23 +389,30 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 	now := time.Now()
 	envs := make([]events.Envelope, len(r.evs))
 	for i, ev := range r.evs {
-		id := s.ids.Next(now)
-		if err := b.Put(id[:], r.vals[i]); err != nil {
-			return fmt.Errorf("kv: put event of run %q: %w", r.runID, err)
+		tail = s.ids.NextAfter(now, tail)
+		if err := b.Put(tail[:], r.vals[i]); err != nil {
+			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
 		}
-		envs[i] = events.Envelope{ID: id, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.observe(envs[i])
 	}
 	v, err := msgpack.Marshal(&info)
 	if err != nil {
-		return fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)
+		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
 	}
 	if err := index.Put(key, v); err != nil {
-		return fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)
+		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
 	}
 	r.envs = envs
 	return nil
 }
+
+// writeError is a failure after an append began writing: the transaction
+// holding it must roll back, or part of the append would be committed.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
 
 // Load implements seams.RunStore. A value that does not decode makes Load
 // fail with an error wrapping every *events.DecodeError of the stream.

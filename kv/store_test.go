@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/proptest"
@@ -97,7 +99,7 @@ func writeSampleStore(t *testing.T, path string) {
 	}
 	for r := range 20 {
 		id := fmt.Sprintf("run-%02d", r)
-		if _, err := s.Append(context.Background(), id, proptest.SoundStream(id)...); err != nil {
+		if _, err := s.Append(context.Background(), id, ulid.ULID{}, proptest.SoundStream(id)...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -197,7 +199,7 @@ func TestReadOnlyStoreRefusesWritesAndMissingFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.Append(context.Background(), "run-00", proptest.SoundStream("run-00")[0]); !errors.Is(err, kv.ErrReadOnly) {
+	if _, err := s.Append(context.Background(), "run-00", ulid.ULID{}, proptest.SoundStream("run-00")[0]); !errors.Is(err, kv.ErrReadOnly) {
 		t.Fatalf("got %v, want ErrReadOnly", err)
 	}
 	// Two readers may share the file.
@@ -212,10 +214,10 @@ func TestRunsListsTheIndex(t *testing.T) {
 	s := openTemp(t, kv.Options{})
 	ctx := context.Background()
 	full := proptest.SoundStream("done")
-	if _, err := s.Append(ctx, "done", full...); err != nil {
+	if _, err := s.Append(ctx, "done", ulid.ULID{}, full...); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Append(ctx, "open", proptest.SoundStream("open")[:5]...); err != nil {
+	if _, err := s.Append(ctx, "open", ulid.ULID{}, proptest.SoundStream("open")[:5]...); err != nil {
 		t.Fatal(err)
 	}
 	runs, err := s.Runs(ctx)
@@ -251,11 +253,14 @@ func TestConcurrentAppendsShareTransactions(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			id := fmt.Sprintf("g%02d", r)
+			var tail ulid.ULID
 			for i, ev := range proptest.SoundStream(id) {
-				if _, err := s.Append(ctx, id, ev); err != nil {
+				envs, err := s.Append(ctx, id, tail, ev)
+				if err != nil {
 					t.Error(err)
 					return
 				}
+				tail = envs[0].ID
 				got, err := s.Load(ctx, id)
 				if err != nil || len(got) != i+1 {
 					t.Errorf("run %s: after append %d Load has %d events (%v)", id, i, len(got), err)
@@ -277,7 +282,7 @@ func TestClosedStoreRefusesWork(t *testing.T) {
 	s := openTemp(t, kv.Options{})
 	s.Close()
 	ctx := context.Background()
-	if _, err := s.Append(ctx, "r", proptest.SoundStream("r")[0]); !errors.Is(err, kv.ErrClosed) {
+	if _, err := s.Append(ctx, "r", ulid.ULID{}, proptest.SoundStream("r")[0]); !errors.Is(err, kv.ErrClosed) {
 		t.Errorf("Append: %v", err)
 	}
 	if _, err := s.Load(ctx, "r"); !errors.Is(err, kv.ErrClosed) {
@@ -298,8 +303,11 @@ func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
 	var wg sync.WaitGroup
 	var errLong, errOK error
 	wg.Add(2)
-	go func() { defer wg.Done(); _, errLong = s.Append(ctx, long, proptest.SoundStream(long)[0]) }()
-	go func() { defer wg.Done(); _, errOK = s.Append(ctx, "fine", proptest.SoundStream("fine")[0]) }()
+	go func() { defer wg.Done(); _, errLong = s.Append(ctx, long, ulid.ULID{}, proptest.SoundStream(long)[0]) }()
+	go func() {
+		defer wg.Done()
+		_, errOK = s.Append(ctx, "fine", ulid.ULID{}, proptest.SoundStream("fine")[0])
+	}()
 	wg.Wait()
 	if errLong == nil || !strings.Contains(errLong.Error(), "key limit") {
 		t.Fatalf("long run id: %v", errLong)

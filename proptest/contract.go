@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -25,9 +27,19 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 		return got
 	}
+	// tail is the id of run's last event, or zero: what a writer that has
+	// just loaded the stream names as the tail it continues.
+	tail := func(t *testing.T, s seams.RunStore, run string) ulid.ULID {
+		t.Helper()
+		got := mustLoad(t, s, run)
+		if len(got) == 0 {
+			return ulid.ULID{}
+		}
+		return got[len(got)-1].ID
+	}
 	mustAppend := func(t *testing.T, s seams.RunStore, run string, evs ...events.Event) []events.Envelope {
 		t.Helper()
-		envs, err := s.Append(ctx, run, evs...)
+		envs, err := s.Append(ctx, run, tail(t, s, run), evs...)
 		if err != nil {
 			t.Fatalf("Append(%q, %d events): %v", run, len(evs), err)
 		}
@@ -80,7 +92,7 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 
 	t.Run("FirstEventMustBeRunStarted", func(t *testing.T) {
 		s := open(t)
-		_, err := s.Append(ctx, "r", SoundStream("r")[1])
+		_, err := s.Append(ctx, "r", tail(t, s, "r"), SoundStream("r")[1])
 		if !errors.Is(err, seams.ErrRunNotStarted) {
 			t.Fatalf("got %v, want ErrRunNotStarted", err)
 		}
@@ -97,10 +109,10 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 			stream[2], stream[3],
 			events.Intent{RunID: "someone-else", IntentKind: events.IntentAction, ResultID: "x", ReplayPolicy: events.ReplayNever},
 		}
-		if _, err := s.Append(ctx, "a", bad...); err == nil {
+		if _, err := s.Append(ctx, "a", tail(t, s, "a"), bad...); err == nil {
 			t.Fatal("append with an event of another run succeeded")
 		}
-		if _, err := s.Append(ctx, "a", stream[2], stream[0]); !errors.Is(err, seams.ErrRunExists) {
+		if _, err := s.Append(ctx, "a", tail(t, s, "a"), stream[2], stream[0]); !errors.Is(err, seams.ErrRunExists) {
 			t.Fatalf("second RunStarted mid-batch: got %v, want ErrRunExists", err)
 		}
 		if got := mustLoad(t, s, "a"); len(got) != 2 {
@@ -112,8 +124,11 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		s := open(t)
 		stream := SoundStream("x")
 		mustAppend(t, s, "x", stream[0])
-		if _, err := s.Append(ctx, "x", stream[0]); !errors.Is(err, seams.ErrRunExists) {
+		if _, err := s.Append(ctx, "x", tail(t, s, "x"), stream[0]); !errors.Is(err, seams.ErrRunExists) {
 			t.Fatalf("got %v, want ErrRunExists", err)
+		}
+		if _, err := s.Append(ctx, "x", ulid.ULID{}, stream[0]); !errors.Is(err, seams.ErrRunExists) {
+			t.Fatalf("a start naming an empty stream: got %v, want ErrRunExists", err)
 		}
 	})
 
@@ -128,7 +143,7 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 				defer wg.Done()
 				start := events.RunStarted{RunID: "race", SchemaVersion: events.CurrentSchemaVersion,
 					ParameterSnapshot: map[string]string{"who": fmt.Sprint(i)}}
-				_, errs[i] = s.Append(ctx, "race", start)
+				_, errs[i] = s.Append(ctx, "race", ulid.ULID{}, start)
 			}()
 		}
 		wg.Wait()
@@ -154,10 +169,10 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		stream := SoundStream("f")
 		mustAppend(t, s, "f", stream...)
 		extra := events.Intent{RunID: "f", IntentKind: events.IntentModelCall, CallIndex: 4, ResultID: "late", ReplayPolicy: events.ReplaySafe}
-		if _, err := s.Append(ctx, "f", extra); !errors.Is(err, seams.ErrRunFinished) {
+		if _, err := s.Append(ctx, "f", tail(t, s, "f"), extra); !errors.Is(err, seams.ErrRunFinished) {
 			t.Fatalf("got %v, want ErrRunFinished", err)
 		}
-		if _, err := s.Append(ctx, "f", stream[len(stream)-1]); !errors.Is(err, seams.ErrRunFinished) {
+		if _, err := s.Append(ctx, "f", tail(t, s, "f"), stream[len(stream)-1]); !errors.Is(err, seams.ErrRunFinished) {
 			t.Fatalf("second RunFinished: got %v, want ErrRunFinished", err)
 		}
 		if got := mustLoad(t, s, "f"); len(got) != len(stream) {
@@ -174,11 +189,14 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 			go func() {
 				defer wg.Done()
 				id := fmt.Sprintf("c%02d", r)
+				var last ulid.ULID
 				for _, ev := range SoundStream(id) {
-					if _, err := s.Append(ctx, id, ev); err != nil {
+					envs, err := s.Append(ctx, id, last, ev)
+					if err != nil {
 						t.Errorf("run %s: %v", id, err)
 						return
 					}
+					last = envs[0].ID
 				}
 			}()
 		}
@@ -206,12 +224,101 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 			"empty run id": {events.RunStarted{SchemaVersion: events.CurrentSchemaVersion}},
 		}
 		for name, evs := range cases {
-			if _, err := s.Append(ctx, "v", evs...); err == nil || err.Error() == "" {
+			if _, err := s.Append(ctx, "v", tail(t, s, "v"), evs...); err == nil || err.Error() == "" {
 				t.Errorf("%s: got %v, want an error", name, err)
 			}
 		}
 		if got := mustLoad(t, s, "v"); len(got) != 0 {
 			t.Fatalf("refused appends wrote %d events", len(got))
 		}
+	})
+
+	t.Run("AnAppendNamingAnotherTailWritesNothing", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("t")
+		first := mustAppend(t, s, "t", stream[0])
+		mustAppend(t, s, "t", stream[1])
+		before := mustLoad(t, s, "t")
+		stale := map[string]ulid.ULID{
+			"an earlier event":    first[0].ID,
+			"an empty stream":     {},
+			"an id never written": ulid.MustParse("01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+		}
+		for name, after := range stale {
+			if _, err := s.Append(ctx, "t", after, stream[2]); !errors.Is(err, seams.ErrTailMoved) {
+				t.Errorf("append after %s: got %v, want ErrTailMoved", name, err)
+			}
+		}
+		if _, err := s.Append(ctx, "never-written", first[0].ID, SoundStream("never-written")[0]); !errors.Is(err, seams.ErrTailMoved) {
+			t.Errorf("append to an empty stream naming a tail: got %v, want ErrTailMoved", err)
+		}
+		if got := mustLoad(t, s, "t"); !reflect.DeepEqual(got, before) {
+			t.Fatalf("refused appends changed the stream: %d events, want %d", len(got), len(before))
+		}
+		// A finished run refuses a writer that saw it unfinished with
+		// ErrTailMoved: that writer lost to the one that finished it.
+		mustAppend(t, s, "t", stream[2:]...)
+		if _, err := s.Append(ctx, "t", before[len(before)-1].ID, stream[2]); !errors.Is(err, seams.ErrTailMoved) {
+			t.Errorf("stale append to a finished run: got %v, want ErrTailMoved", err)
+		}
+	})
+
+	t.Run("ExactlyOneOfConcurrentContinuationsWins", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("c")
+		at := mustAppend(t, s, "c", stream[:2]...)[1].ID
+		const n = 50
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = s.Append(ctx, "c", at, stream[2], stream[3])
+			}()
+		}
+		wg.Wait()
+		wins := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				wins++
+			case !errors.Is(err, seams.ErrTailMoved):
+				t.Errorf("loser got %v, want ErrTailMoved", err)
+			}
+		}
+		if wins != 1 {
+			t.Fatalf("%d of %d appends continuing one tail won, want exactly 1", wins, n)
+		}
+		if got := mustLoad(t, s, "c"); len(got) != 4 {
+			t.Fatalf("stream has %d events after the race, want 4", len(got))
+		}
+	})
+
+	t.Run("RunLocksReserveOneRunForOneDriver", func(t *testing.T) {
+		s := open(t)
+		l, ok := s.(seams.RunLocker)
+		if !ok {
+			t.Skip("the store does not implement seams.RunLocker")
+		}
+		release, err := l.LockRun("held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.LockRun("held"); !errors.Is(err, seams.ErrRunLocked) {
+			t.Fatalf("second LockRun: got %v, want ErrRunLocked", err)
+		}
+		other, err := l.LockRun("other")
+		if err != nil {
+			t.Fatalf("another run: %v", err)
+		}
+		other()
+		release()
+		release() // a second release is harmless
+		again, err := l.LockRun("held")
+		if err != nil {
+			t.Fatalf("LockRun after release: %v", err)
+		}
+		again()
 	})
 }

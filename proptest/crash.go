@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -28,7 +30,7 @@ type CrashingStore struct {
 }
 
 // Append implements seams.RunStore.
-func (c *CrashingStore) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+func (c *CrashingStore) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	c.mu.Lock()
 	if c.After >= 0 && c.appends >= c.After {
 		c.mu.Unlock()
@@ -36,7 +38,16 @@ func (c *CrashingStore) Append(ctx context.Context, runID string, evs ...events.
 	}
 	c.appends++
 	c.mu.Unlock()
-	return c.Inner.Append(ctx, runID, evs...)
+	return c.Inner.Append(ctx, runID, after, evs...)
+}
+
+// LockRun implements seams.RunLocker with the inner store's locks, if it
+// has any, so a crashing run holds its run like the real one would.
+func (c *CrashingStore) LockRun(runID string) (func(), error) {
+	if l, ok := c.Inner.(seams.RunLocker); ok {
+		return l.LockRun(runID)
+	}
+	return func() {}, nil
 }
 
 // Load implements seams.RunStore.

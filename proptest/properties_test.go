@@ -13,6 +13,8 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
@@ -263,16 +265,22 @@ type logStore struct {
 	ids events.IDSource
 }
 
-func (l *logStore) Append(_ context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+func (l *logStore) Append(_ context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	finished := len(l.log) > 0 && l.log[len(l.log)-1].Kind == events.KindRunFinished
-	if err := seams.CheckAppend(runID, len(l.log) > 0, finished, evs); err != nil {
+	var tail ulid.ULID
+	finished := false
+	if len(l.log) > 0 {
+		last := l.log[len(l.log)-1]
+		tail, finished = last.ID, last.Kind == events.KindRunFinished
+	}
+	if err := seams.CheckAppend(runID, tail, finished, after, evs); err != nil {
 		return nil, err
 	}
 	var out []events.Envelope
 	for _, ev := range evs {
-		env := events.Envelope{ID: l.ids.Next(time.Now()), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		tail = l.ids.NextAfter(time.Now(), tail)
+		env := events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		l.log = append(l.log, env)
 		out = append(out, env)
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
 )
@@ -12,21 +15,41 @@ import (
 // seamstest.MemStore. proptest.RunStoreContract checks any implementation.
 //
 // Append writes evs, in order, in one transaction, to runID's stream, and
-// returns their envelopes once they are durable. It fails with ErrRunExists
-// when evs starts with RunStarted and the stream is not empty (atomically:
-// of two concurrent starts exactly one wins), with ErrRunNotStarted when the
-// stream is empty and evs does not start with RunStarted, with ErrRunFinished
-// when the stream already holds RunFinished, and with an error naming the
+// returns their envelopes once they are durable. after is the id of the
+// last event the caller has seen in the stream (the zero ULID for a stream
+// it has seen empty): the append is optimistic, and it fails with
+// ErrTailMoved, writing nothing, when the stream's last event is another —
+// so of two writers continuing one tail, exactly one wins (this amends the
+// signature of SPEC §4, which had no tail). It fails with ErrRunExists when
+// evs starts with RunStarted and the stream is not empty (atomically: of two
+// concurrent starts exactly one wins), with ErrRunNotStarted when the stream
+// is empty and evs does not start with RunStarted, with ErrRunFinished when
+// the stream already holds RunFinished, and with an error naming the
 // problem for an event that fails Validate or names another run. A failed
-// Append writes nothing.
+// Append writes nothing. The keys an Append mints are after every key the
+// stream already holds, whatever the clock says.
 //
 // Load returns runID's whole stream in order; a run never written is an
 // empty stream and no error. A store failure is always an error, never an
 // empty stream. The returned slice belongs to the caller.
 type RunStore interface {
-	Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error)
+	Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error)
 	Load(ctx context.Context, runID string) ([]events.Envelope, error)
 	Parameters() map[string]string
+}
+
+// RunLocker is implemented by a RunStore that can reserve a run for one
+// driver at a time. The engine takes the lock before it reads a run and
+// holds it until the run returns, so a second driver on the same run fails
+// before it calls the model or executes anything, even a replay declared
+// safe. The lock is a courtesy that spares such replays; the guarantee that
+// two drivers never both continue a run is Append's tail rule, which holds
+// whether or not a store implements RunLocker.
+type RunLocker interface {
+	// LockRun reserves runID, or fails at once with an error wrapping
+	// ErrRunLocked when it is reserved. release ends the reservation; it is
+	// safe to call more than once.
+	LockRun(runID string) (release func(), err error)
 }
 
 // Store contract errors. Implementations wrap them; test with errors.Is.
@@ -37,13 +60,19 @@ var (
 	ErrRunNotStarted = errors.New("seams: run not started: the first event must be run_started")
 	// ErrRunFinished: an event was appended after RunFinished.
 	ErrRunFinished = errors.New("seams: run finished: nothing may follow run_finished")
+	// ErrTailMoved: an append named a tail that is not the stream's last
+	// event: another writer appended since the caller last saw the stream.
+	ErrTailMoved = errors.New("seams: the stream's tail moved: another writer appended to the run")
+	// ErrRunLocked: LockRun found the run reserved by another driver.
+	ErrRunLocked = errors.New("seams: run is held by another driver")
 )
 
-// CheckAppend applies the append rules of RunStore to a batch, given whether
-// the stream already holds events (started) and whether its last event is
-// RunFinished (finished). Stores call it before writing anything, so a
-// refused batch leaves the stream as it was.
-func CheckAppend(runID string, started, finished bool, evs []events.Event) error {
+// CheckAppend applies the append rules of RunStore to a batch, given the
+// stream's last key (tail; zero for an empty stream), whether its last
+// event is RunFinished (finished), and the tail the caller named (after).
+// Stores call it before writing anything, so a refused batch leaves the
+// stream as it was.
+func CheckAppend(runID string, tail ulid.ULID, finished bool, after ulid.ULID, evs []events.Event) error {
 	if runID == "" {
 		return errors.New("append: empty run id")
 	}
@@ -60,6 +89,15 @@ func CheckAppend(runID string, started, finished bool, evs []events.Event) error
 		if err := ev.Validate(); err != nil {
 			return fmt.Errorf("append: event %d (%s): %w", i, ev.Kind(), err)
 		}
+	}
+	started := tail != (ulid.ULID{})
+	if after != tail {
+		if started && evs[0].Kind() == events.KindRunStarted {
+			return fmt.Errorf("append to %q: %w", runID, ErrRunExists)
+		}
+		return fmt.Errorf("append to %q after %s: %w (its last event is %s)", runID, idText(after), ErrTailMoved, idText(tail))
+	}
+	for i, ev := range evs {
 		switch {
 		case finished:
 			return fmt.Errorf("append to %q: %w", runID, ErrRunFinished)
@@ -72,4 +110,40 @@ func CheckAppend(runID string, started, finished bool, evs []events.Event) error
 		finished = ev.Kind() == events.KindRunFinished
 	}
 	return nil
+}
+
+// idText names a tail in an error: an id, or "nothing" for an empty stream.
+func idText(id ulid.ULID) string {
+	if id == (ulid.ULID{}) {
+		return "nothing (an empty stream)"
+	}
+	return id.String()
+}
+
+// RunLocks is an in-process RunLocker for stores to embed: a set of
+// reserved run ids. The zero value is ready; safe for concurrent use.
+type RunLocks struct {
+	mu   sync.Mutex
+	held map[string]bool
+}
+
+// LockRun implements RunLocker.
+func (l *RunLocks) LockRun(runID string) (func(), error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held[runID] {
+		return nil, fmt.Errorf("run %q: %w in this process", runID, ErrRunLocked)
+	}
+	if l.held == nil {
+		l.held = map[string]bool{}
+	}
+	l.held[runID] = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.held, runID)
+			l.mu.Unlock()
+		})
+	}, nil
 }

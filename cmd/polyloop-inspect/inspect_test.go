@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -72,7 +74,7 @@ func fixtureStore(t *testing.T) string {
 	ctx := context.Background()
 	v := events.CurrentSchemaVersion
 	failure := "x"
-	if _, err := store.Append(ctx, "z-corrupt",
+	if _, err := store.Append(ctx, "z-corrupt", ulid.ULID{},
 		events.RunStarted{RunID: "z-corrupt", SchemaVersion: v},
 		events.ModelCallResult{RunID: "z-corrupt", ResultID: "orphan", Failure: &failure},
 		events.Intent{RunID: "z-corrupt", IntentKind: events.IntentModelCall, CallIndex: 2, ResultID: "m2", ReplayPolicy: events.ReplaySafe},

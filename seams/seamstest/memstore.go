@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -16,6 +18,8 @@ var _ seams.RunStore = (*MemStore)(nil)
 // decoded on the way in and out, so a test against it also exercises the
 // codec. Safe for concurrent use; the zero value is ready.
 type MemStore struct {
+	seams.RunLocks // one driver per run, in this process
+
 	mu      sync.Mutex
 	streams map[string][]stored
 	ids     events.IDSource
@@ -28,7 +32,7 @@ type stored struct {
 }
 
 // Append implements seams.RunStore.
-func (m *MemStore) Append(ctx context.Context, runID string, evs ...events.Event) ([]events.Envelope, error) {
+func (m *MemStore) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -43,8 +47,13 @@ func (m *MemStore) Append(ctx context.Context, runID string, evs ...events.Event
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	stream := m.streams[runID]
-	finished := len(stream) > 0 && stream[len(stream)-1].env.Kind == events.KindRunFinished
-	if err := seams.CheckAppend(runID, len(stream) > 0, finished, evs); err != nil {
+	var tail ulid.ULID
+	finished := false
+	if len(stream) > 0 {
+		last := stream[len(stream)-1].env
+		tail, finished = last.ID, last.Kind == events.KindRunFinished
+	}
+	if err := seams.CheckAppend(runID, tail, finished, after, evs); err != nil {
 		return nil, err
 	}
 	if m.streams == nil {
@@ -53,7 +62,8 @@ func (m *MemStore) Append(ctx context.Context, runID string, evs ...events.Event
 	now := time.Now()
 	envs := make([]events.Envelope, len(evs))
 	for i, ev := range evs {
-		envs[i] = events.Envelope{ID: m.ids.Next(now), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		tail = m.ids.NextAfter(now, tail)
+		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		stream = append(stream, stored{env: envs[i], val: vals[i]})
 	}
 	m.streams[runID] = stream

@@ -1,0 +1,147 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// crashedAtReply leaves run "r" on store with its first reply stored and no
+// action intent yet: the next driver re-parses the reply and executes the
+// never action it asks for.
+func crashedAtReply(t *testing.T, a *agent) {
+	t.Helper()
+	a.req.OneEventPerTransaction = true
+	crashing := *a
+	crashing.def.Store = &proptest.CrashingStore{Inner: a.def.Store, After: 3} // run_started, intent, reply
+	if _, err := engine.Run(context.Background(), crashing.def, crashing.req); !errors.Is(err, proptest.ErrCrashed) {
+		t.Fatalf("crashing run: %v", err)
+	}
+}
+
+// TestTwoDriversOnOneRunExecuteANeverActionOnce: two Resume calls race on
+// one crashed run sharing one store (and, separately, Run races Resume on a
+// new run). Exactly one continues; the other returns ErrRunBusy, or, when
+// it came after the run finished, the recorded result; the never action
+// runs once and the log stays sound.
+func TestTwoDriversOnOneRunExecuteANeverActionOnce(t *testing.T) {
+	const trials = 50
+	for _, store := range []string{"kv", "memory"} {
+		t.Run("ResumeAndResume/"+store, func(t *testing.T) {
+			twice, corrupt, busy, other := 0, 0, 0, 0
+			for range trials {
+				a := newAgent(storeOf(t, store), "r", seamstest.Replies("ACTION: pay the invoice", "FINAL: paid")...)
+				crashedAtReply(t, a)
+				errs := raceDrivers(a, engine.Resume, engine.Resume)
+				b, o := countErrs(errs...)
+				busy, other = busy+b, other+o
+				if n := len(a.exec.Calls()); n > 1 {
+					twice++
+				}
+				if stream, _ := a.def.Store.Load(context.Background(), "r"); recovery.Check("r", stream) != nil {
+					corrupt++
+				}
+			}
+			if twice+corrupt+other > 0 {
+				t.Fatalf("of %d races: never action executed twice in %d, log corrupt in %d, %d errors other than ErrRunBusy",
+					trials, twice, corrupt, other)
+			}
+			t.Logf("%d of %d second drivers refused with ErrRunBusy, the others found the run finished", busy, trials)
+		})
+		t.Run("RunAndResume/"+store, func(t *testing.T) {
+			twice, corrupt, other := 0, 0, 0
+			for range trials {
+				a := newAgent(storeOf(t, store), "r", seamstest.Replies("ACTION: pay the invoice", "FINAL: paid")...)
+				started := make(chan struct{})
+				a.def.Events = &signalSink{on: events.KindRunStarted, ch: started}
+				var wg sync.WaitGroup
+				var runErr, resumeErr error
+				wg.Add(2)
+				go func() { defer wg.Done(); _, runErr = engine.Run(context.Background(), a.def, a.req) }()
+				go func() {
+					defer wg.Done()
+					<-started
+					_, resumeErr = engine.Resume(context.Background(), a.def, a.req)
+				}()
+				wg.Wait()
+				_, o := countErrs(runErr, resumeErr)
+				other += o
+				if n := len(a.exec.Calls()); n > 1 {
+					twice++
+				}
+				if stream, _ := a.def.Store.Load(context.Background(), "r"); recovery.Check("r", stream) != nil {
+					corrupt++
+				}
+			}
+			if twice+corrupt+other > 0 {
+				t.Fatalf("of %d races: never action executed twice in %d, log corrupt in %d, %d errors other than ErrRunBusy",
+					trials, twice, corrupt, other)
+			}
+		})
+	}
+}
+
+// storeOf opens a new store of the named kind.
+func storeOf(t *testing.T, kind string) seams.RunStore {
+	if kind == "kv" {
+		return openKV(t)
+	}
+	return &seamstest.MemStore{}
+}
+
+// raceDrivers starts each driver function on a's run at once and returns
+// their errors.
+func raceDrivers(a *agent, drivers ...func(context.Context, engine.Definition, engine.Request) (events.RunResult, error)) []error {
+	errs := make([]error, len(drivers))
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for i, drive := range drivers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			_, errs[i] = drive(context.Background(), a.def, a.req)
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	return errs
+}
+
+// countErrs counts ErrRunBusy and other errors among errs.
+func countErrs(errs ...error) (busy, other int) {
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, engine.ErrRunBusy):
+			busy++
+		default:
+			other++
+		}
+	}
+	return busy, other
+}
+
+// signalSink closes ch when it receives an event of kind on.
+type signalSink struct {
+	on   events.Kind
+	ch   chan struct{}
+	once sync.Once
+}
+
+func (s *signalSink) Emit(_ context.Context, e events.Envelope) error {
+	if e.Kind == s.on {
+		s.once.Do(func() { close(s.ch) })
+	}
+	return nil
+}
+
+func (s *signalSink) Parameters() map[string]string { return map[string]string{"kind": "signal"} }
