@@ -148,18 +148,28 @@ func (s scenario) agent(store seams.RunStore, model *seamstest.Model, exec *seam
 // note; logged once per test.
 var crashStats struct {
 	sync.Mutex
-	runs, crashPoints, unknown int
+	runs, crashPoints, unknown, resumeCrashes, cancelled int
+	rows                                                 map[recovery.State]int
 }
 
-// TestPropertyCrashAtEveryWrite: for generated runs, crash at every
-// transaction (every event in one-event mode), then Resume. The final
-// trajectory equals the uncrashed run's wherever policies allow continuing;
-// no never side effect runs twice; resume_state_unknown happens exactly when
-// the crash fell between a never intent and its result.
+// TestPropertyCrashAtEveryWrite: for generated runs, on MemStore and kv,
+// crash at every transaction (every event in one-event mode), then Resume —
+// itself crashed at a drawn write and resumed again, and cancelled at a
+// drawn side effect. The final trajectory equals the uncrashed run's
+// wherever policies allow continuing (a cancelled run's is a prefix of it);
+// no never side effect runs twice; every action executed has its outcome in
+// the log; resume_state_unknown happens exactly when a crash fell between a
+// never intent and its result. Every row of the recovery table must be
+// reached.
 func TestPropertyCrashAtEveryWrite(t *testing.T) {
 	ctx := context.Background()
+	stores := &storeFactory{dir: t.TempDir()}
+	crashStats.rows = map[recovery.State]int{}
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawScenario(t)
+		kind := rapid.SampledFrom([]string{"memory", "memory", "memory", "kv"}).Draw(t, "store")
+		resumeCrash := rapid.SampledFrom([]int{-1, -1, 0, 1, 2, 3, 5}).Draw(t, "resume_crash_after")
+		cancelAt := rapid.SampledFrom([]int{-1, -1, -1, 0, 1, 2, 4}).Draw(t, "cancel_at_side_effect")
 		refStore := &seamstest.MemStore{}
 		ref := s.agent(refStore, nil, nil)
 		want, err := engine.Run(ctx, ref.def, ref.req)
@@ -171,67 +181,165 @@ func TestPropertyCrashAtEveryWrite(t *testing.T) {
 		}
 		total := int(refStore.Transactions())
 		for crash := 0; crash < total; crash++ {
-			store := &seamstest.MemStore{}
-			a := s.agent(&proptest.CrashingStore{Inner: store, After: crash}, nil, nil)
-			if _, err := engine.Run(ctx, a.def, a.req); !errors.Is(err, proptest.ErrCrashed) {
-				t.Fatalf("crash %d of %d: run ended with %v", crash, total, err)
-			}
-			durable, err := store.Load(ctx, "p")
-			if err != nil {
-				t.Fatal(err)
-			}
-			verdict, err := recovery.Classify("p", durable)
-			if err != nil {
-				t.Fatalf("crash %d left a corrupt log: %v", crash, err)
-			}
-			inDoubtNever := verdict.InDoubt != nil && verdict.InDoubt.ReplayPolicy == events.ReplayNever
-
-			// The next process: same scripts, same counters.
-			b := s.agent(store, a.model, a.exec)
-			var got events.RunResult
-			if len(durable) == 0 {
-				if _, err := engine.Resume(ctx, b.def, b.req); !errors.Is(err, engine.ErrRunNotFound) {
-					t.Fatalf("crash %d: resume of an empty log: %v", crash, err)
-				}
-				got, err = engine.Run(ctx, b.def, b.req)
-			} else {
-				got, err = engine.Resume(ctx, b.def, b.req)
-			}
-			if err != nil {
-				t.Fatalf("crash %d: resume: %v", crash, err)
-			}
-			final, _ := store.Load(ctx, "p")
-			if err := recovery.Check("p", final); err != nil {
-				t.Fatalf("crash %d: final log corrupt: %v", crash, err)
-			}
-			if (got.StopReason == events.StopResumeStateUnknown) != inDoubtNever {
-				t.Fatalf("crash %d: stop %s, but never side effect in doubt = %v (state %s)", crash, got.StopReason, inDoubtNever, verdict.State)
-			}
-			if inDoubtNever {
-				if !proptest.SameSteps(got.Steps, verdict.Steps()) {
-					t.Fatalf("crash %d: resume_state_unknown changed the trajectory", crash)
-				}
-			} else if got.StopReason != want.StopReason || !proptest.SameSteps(got.Steps, want.Steps) ||
-				!reflect.DeepEqual(got.FinalAnswer, want.FinalAnswer) {
-				t.Fatalf("crash %d (state %s): resumed to %s after %d steps, uncrashed run %s after %d",
-					crash, verdict.State, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
-			}
-			checkNeverOnce(t, crash, final, a)
-			crashStats.Lock()
-			crashStats.crashPoints++
-			if inDoubtNever {
-				crashStats.unknown++
-			}
-			crashStats.Unlock()
+			store, closeStore := stores.open(t, kind)
+			crashResumeCancel(t, s, store, crash, resumeCrash, cancelAt, want)
+			closeStore()
 		}
 		crashStats.Lock()
 		crashStats.runs++
 		crashStats.Unlock()
 	})
 	crashStats.Lock()
-	t.Logf("%d generated runs, %d crash points resumed, %d of them stopped as resume_state_unknown",
-		crashStats.runs, crashStats.crashPoints, crashStats.unknown)
+	defer crashStats.Unlock()
+	t.Logf("%d generated runs, %d crash points resumed (%d of them crashed again while resuming, %d cancelled), %d stopped as resume_state_unknown; rows reached: %v",
+		crashStats.runs, crashStats.crashPoints, crashStats.resumeCrashes, crashStats.cancelled, crashStats.unknown, crashStats.rows)
+	for _, row := range []recovery.State{recovery.BetweenSteps, recovery.ModelCallUnknown, recovery.KnownFailure,
+		recovery.ReplyStored, recovery.ActionUnknown} {
+		if crashStats.rows[row] == 0 {
+			t.Errorf("no crash reached the recovery row %s", row)
+		}
+	}
+}
+
+// crashResumeCancel runs s on store, crashing after crash appends; resumes
+// it, crashing that resume after resumeCrash appends (-1: never) and resuming
+// again; the last resume is cancelled at side effect cancelAt (-1: never).
+// It checks the outcome against the uncrashed run's result want.
+func crashResumeCancel(t *rapid.T, s scenario, store seams.RunStore, crash, resumeCrash, cancelAt int, want events.RunResult) {
+	ctx := context.Background()
+	a := s.agent(&proptest.CrashingStore{Inner: store, After: crash}, nil, nil)
+	if _, err := engine.Run(ctx, a.def, a.req); !errors.Is(err, proptest.ErrCrashed) {
+		t.Fatalf("crash %d: run ended with %v", crash, err)
+	}
+	classify := func() recovery.Verdict {
+		durable, err := store.Load(ctx, "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		verdict, err := recovery.Classify("p", durable)
+		if err != nil {
+			t.Fatalf("crash %d left a corrupt log: %v", crash, err)
+		}
+		crashStats.Lock()
+		crashStats.rows[verdict.State]++
+		crashStats.Unlock()
+		return verdict
+	}
+	verdict := classify()
+	inDoubtNever := verdict.InDoubt != nil && verdict.InDoubt.ReplayPolicy == events.ReplayNever
+
+	// The next process: same scripts, same counters. It may crash too.
+	resume := func(store seams.RunStore, cctx context.Context) (events.RunResult, error) {
+		b := s.agent(store, a.model, a.exec)
+		if verdict.State == recovery.Empty {
+			if _, err := engine.Resume(ctx, b.def, b.req); !errors.Is(err, engine.ErrRunNotFound) {
+				t.Fatalf("crash %d: resume of an empty log: %v", crash, err)
+			}
+			return engine.Run(cctx, b.def, b.req)
+		}
+		return engine.Resume(cctx, b.def, b.req)
+	}
+	if resumeCrash >= 0 {
+		_, err := resume(&proptest.CrashingStore{Inner: store, After: resumeCrash}, ctx)
+		switch {
+		case err == nil: // the resumed run finished before its crash point
+			verdict = classify()
+		case errors.Is(err, proptest.ErrCrashed):
+			crashStats.Lock()
+			crashStats.resumeCrashes++
+			crashStats.Unlock()
+			verdict = classify()
+			inDoubtNever = inDoubtNever || verdict.InDoubt != nil && verdict.InDoubt.ReplayPolicy == events.ReplayNever
+		default:
+			t.Fatalf("crash %d, then resume crashed after %d: %v", crash, resumeCrash, err)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sideEffects := 0
+	onSideEffect := func() {
+		if sideEffects == cancelAt {
+			cancel()
+		}
+		sideEffects++
+	}
+	a.model.OnCall = func(seams.ModelCall) { onSideEffect() }
+	respond := a.exec.Respond
+	interrupted := map[string]bool{} // actions that failed after cancellation
+	a.exec.Respond = func(c context.Context, call seams.ActionCall) (events.ActionOutcome, error) {
+		onSideEffect()
+		out, err := respond(c, call)
+		if err != nil && cctx.Err() != nil {
+			interrupted[call.ResultID] = true
+		}
+		return out, err
+	}
+	got, err := resume(store, cctx)
+	a.model.OnCall, a.exec.Respond = nil, respond
+	if err != nil {
+		t.Fatalf("crash %d: resume: %v", crash, err)
+	}
+	final, _ := store.Load(ctx, "p")
+	if err := recovery.Check("p", final); err != nil {
+		t.Fatalf("crash %d: final log corrupt: %v", crash, err)
+	}
+	checkOutcomesRecorded(t, crash, final, a, interrupted)
+	checkNeverOnce(t, crash, final, a)
+	cancelled := got.StopReason == events.StopCancelled
+	switch {
+	case cancelled && cancelAt < 0:
+		t.Fatalf("crash %d: cancelled without a cancellation", crash)
+	case cancelled:
+		n := len(got.Steps)
+		if n > len(want.Steps) || !proptest.SameSteps(got.Steps, want.Steps[:n]) {
+			t.Fatalf("crash %d: a cancelled resume's %d steps are not a prefix of the uncrashed run's", crash, n)
+		}
+	case (got.StopReason == events.StopResumeStateUnknown) != inDoubtNever:
+		t.Fatalf("crash %d: stop %s, but never side effect in doubt = %v (state %s)", crash, got.StopReason, inDoubtNever, verdict.State)
+	case inDoubtNever:
+		if !proptest.SameSteps(got.Steps, projections.Fold(final[:len(final)-1]).Trajectory()) {
+			t.Fatalf("crash %d: resume_state_unknown changed the trajectory", crash)
+		}
+	case got.StopReason != want.StopReason || !proptest.SameSteps(got.Steps, want.Steps) ||
+		!reflect.DeepEqual(got.FinalAnswer, want.FinalAnswer):
+		t.Fatalf("crash %d (state %s): resumed to %s after %d steps, uncrashed run %s after %d",
+			crash, verdict.State, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
+	}
+	crashStats.Lock()
+	crashStats.crashPoints++
+	if inDoubtNever && !cancelled {
+		crashStats.unknown++
+	}
+	if cancelled {
+		crashStats.cancelled++
+	}
 	crashStats.Unlock()
+}
+
+// checkOutcomesRecorded: every action executed (by any process) has its
+// outcome in the log under its result id — except the last action of a run
+// that stopped resume_state_unknown (a crash left it in doubt) or cancelled
+// while the executor failed (it was interrupted: its intent stays
+// unanswered, see engine's doc).
+func checkOutcomesRecorded(t *rapid.T, crash int, final []events.Envelope, a agent, interrupted map[string]bool) {
+	recorded := map[string]bool{}
+	lastIntent := ""
+	for _, env := range final {
+		switch ev := env.Event.(type) {
+		case events.StepCompleted:
+			recorded[ev.ResultID] = true
+		case events.Intent:
+			lastIntent = ev.ResultID
+		}
+	}
+	r, _ := projections.Fold(final).Result()
+	for _, c := range a.exec.Calls() {
+		excused := c.ResultID == lastIntent && (r.StopReason == events.StopResumeStateUnknown ||
+			r.StopReason == events.StopCancelled && interrupted[c.ResultID])
+		if !recorded[c.ResultID] && !excused {
+			t.Fatalf("crash %d: action %s was executed but its outcome is not in the log (run stopped %s)", crash, c.ResultID, r.StopReason)
+		}
+	}
 }
 
 // checkNeverOnce: a model call or action whose intent says never was
