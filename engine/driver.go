@@ -49,7 +49,7 @@ func lockRun(store seams.RunStore, runID string) (func(), error) {
 	}
 	release, err := l.LockRun(runID)
 	if err != nil {
-		return nil, fmt.Errorf("engine: run %q: %w: %w", runID, ErrRunBusy, err)
+		return nil, fmt.Errorf("%w: %w", ErrRunBusy, err)
 	}
 	return release, nil
 }
@@ -179,8 +179,8 @@ func (d *driver) append(ctx context.Context, evs []events.Event) ([]events.Envel
 		switch {
 		case err == nil:
 		case errors.Is(err, seams.ErrTailMoved):
-			return nil, fmt.Errorf("engine: run %q: %w: appending %s, its tail had moved; this driver stopped and executes nothing more: %w",
-				d.req.RunID, ErrRunBusy, kinds(g), err)
+			return nil, fmt.Errorf("%w: run %q: appending %s, its tail had moved; this driver stopped and executes nothing more: %w",
+				ErrRunBusy, d.req.RunID, kinds(g), err)
 		case ctx.Err() != nil && wctx.Err() != nil:
 			return nil, fmt.Errorf("engine: run %q was cancelled and its %s could not be made durable within the cancel grace of %s (the run can be resumed): %w (store: %w)",
 				d.req.RunID, kinds(g), d.req.cancelGrace(), context.Cause(wctx), err)

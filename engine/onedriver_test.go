@@ -3,11 +3,15 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -145,3 +149,64 @@ func (s *signalSink) Emit(_ context.Context, e events.Envelope) error {
 }
 
 func (s *signalSink) Parameters() map[string]string { return map[string]string{"kind": "signal"} }
+
+// TestCancelledRunsKeepEveryExecutedOutcome: 32 runs group-commit on one kv
+// store while each is cancelled at a random moment. Every action an
+// executor completed has its outcome in the log, and no run, finished or
+// resumed, stops with resume_state_unknown over an action that completed.
+func TestCancelledRunsKeepEveryExecutedOutcome(t *testing.T) {
+	store := openKV(t)
+	const runs = 32
+	replies := make([]string, 40)
+	for i := range replies {
+		replies[i] = fmt.Sprintf("ACTION: step %d", i)
+	}
+	agents := make([]*agent, runs)
+	var wg sync.WaitGroup
+	for r := range runs {
+		a := newAgent(store, fmt.Sprintf("c%02d", r), seamstest.Replies(replies...)...)
+		a.req.Budget.MaxSteps, a.req.Budget.MaxActions = 40, 40
+		a.req.CancelGrace = 5 * time.Second
+		agents[r] = a
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Duration(rand.Int64N(int64(20*time.Millisecond))), cancel)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cancel()
+			if _, err := engine.Run(ctx, a.def, a.req); err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("run %s: %v", a.req.RunID, err)
+			}
+		}()
+	}
+	wg.Wait()
+	cancelled := 0
+	for _, a := range agents {
+		stream := soundLog(t, store, a.req.RunID)
+		if len(stream) == 0 && len(a.model.Calls()) == 0 {
+			continue // cancelled before it began
+		}
+		r, ok := projections.Fold(stream).Result()
+		if !ok {
+			t.Fatalf("run %s did not record its end", a.req.RunID)
+		}
+		if r.StopReason == events.StopCancelled {
+			cancelled++
+		}
+		if r.StopReason == events.StopResumeStateUnknown {
+			t.Errorf("run %s stopped resume_state_unknown", a.req.RunID)
+		}
+		outcomes := map[string]bool{}
+		for _, env := range stream {
+			if sc, ok := env.Event.(events.StepCompleted); ok && sc.ActionOutcome != nil {
+				outcomes[sc.ResultID] = true
+			}
+		}
+		for _, c := range a.exec.Calls() {
+			if !outcomes[c.ResultID] {
+				t.Errorf("run %s: action %s (step %d) was executed and its outcome is not in the log", a.req.RunID, c.ResultID, c.StepIdx)
+			}
+		}
+	}
+	t.Logf("%d of %d runs ended cancelled", cancelled, runs)
+}

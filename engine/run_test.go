@@ -258,6 +258,9 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 		{"tool section without placeholder", func(r *engine.Request) { r.ToolSectionTemplate = "Tools below" }, "ToolSectionTemplate"},
 		{"negative grace", func(r *engine.Request) { r.CancelGrace = -time.Second }, "CancelGrace"},
 		{"nil executor", func(r *engine.Request) { r.Executor = nil }, "Executor"},
+		{"typed-nil executor", func(r *engine.Request) { r.Executor = (*seams.ToolExecutor)(nil) }, "Executor"},
+		{"typed-nil scripted executor", func(r *engine.Request) { r.Executor = (*seamstest.Executor)(nil) }, "Executor"},
+		{"executor of a nil registry", func(r *engine.Request) { var reg *seams.Registry; r.Executor = reg.Executor() }, "nil *seams.Registry"},
 		{"executor of another registry", func(r *engine.Request) { r.Tools = toolRegistry(t); r.Executor = other.Executor() }, "Executor"},
 		{"injection without id", func(r *engine.Request) {
 			r.Injections = map[string][]engine.Injection{"skills": {{Content: "be brief"}}}
@@ -284,13 +287,33 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 			}
 		})
 	}
-	t.Run("incomplete definition", func(t *testing.T) {
-		a := newAgent(openKV(t), "bad")
-		a.def.Parser = nil
-		if _, err := engine.Run(context.Background(), a.def, a.req); !errors.Is(err, engine.ErrInvalidDefinition) || !strings.Contains(err.Error(), "Parser") {
-			t.Fatalf("got %v", err)
-		}
-	})
+	defs := []struct {
+		name  string
+		edit  func(*engine.Definition)
+		field string
+	}{
+		{"nil parser", func(d *engine.Definition) { d.Parser = nil }, "Definition.Parser"},
+		{"typed-nil store", func(d *engine.Definition) { d.Store = (*kv.Store)(nil) }, "Definition.Store"},
+		{"typed-nil model", func(d *engine.Definition) { d.Model = (*seamstest.Model)(nil) }, "Definition.Model"},
+		{"typed-nil sink", func(d *engine.Definition) { d.Events = (*seamstest.Sink)(nil) }, "Definition.Events"},
+	}
+	for _, c := range defs {
+		t.Run(c.name, func(t *testing.T) {
+			store := openKV(t)
+			a := newAgent(store, "bad")
+			c.edit(&a.def)
+			for name, drive := range map[string]func(context.Context, engine.Definition, engine.Request) (events.RunResult, error){
+				"Run": engine.Run, "Resume": engine.Resume,
+			} {
+				if _, err := drive(context.Background(), a.def, a.req); !errors.Is(err, engine.ErrInvalidDefinition) || !strings.Contains(err.Error(), c.field) {
+					t.Fatalf("%s: got %v, want ErrInvalidDefinition naming %s", name, err, c.field)
+				}
+			}
+			if txs := store.Transactions(); txs != 0 {
+				t.Fatalf("rejected definition committed %d transactions", txs)
+			}
+		})
+	}
 }
 
 func TestRunRefusesAnExistingRun(t *testing.T) {
