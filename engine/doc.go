@@ -43,6 +43,35 @@
 // table. History is rebuilt from the log, so the model sees exactly the
 // messages the uninterrupted run would have sent.
 //
+// # One driver per run
+//
+// Run and Resume take the store's run lock when it has one
+// (seams.RunLocker; kv and MemStore do), so a second driver in the same
+// process fails with ErrRunBusy before it reads the run, calls the model or
+// executes anything. The guarantee does not rest on the lock: the driver
+// names, on every append, the tail it holds (seams.RunStore.Append), and an
+// append whose tail moved fails; the driver then stops at once, executes
+// nothing more and returns ErrRunBusy. Of two drivers continuing one tail,
+// in one process or many, exactly one continues the run. What the tail
+// rule alone cannot prevent, across processes, is two drivers both
+// replaying a side effect declared safe from the same tail before one of
+// them loses: that is what safe means. A never side effect is always
+// announced by an intent the driver itself made durable, so it runs at most
+// once.
+//
+// # Cancellation
+//
+// Cancelling ctx interrupts model calls and actions, and no side effect is
+// started once the cancellation is seen. An append is never abandoned
+// because of the cancellation: its events may record a side effect that
+// already happened (a reply, an action's outcome), and dropping them would
+// turn a known outcome into one in doubt. Every append therefore gets a
+// context detached from ctx that ends CancelGrace after ctx ends (this
+// amends SPEC §5, which detached only the write of RunFinished{cancelled}):
+// a queued group-commit append is not withdrawn because the run was
+// cancelled. If the grace runs out, Run returns an error saying which
+// events were not durable and that the run can be resumed.
+//
 // # Choices where the specification is silent
 //
 //   - Every observation fed back to the model, a parse failure's explanation

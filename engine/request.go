@@ -39,8 +39,9 @@ type Request struct {
 	// ToolSectionTemplate introduces the tools; it must hold "{tools}"
 	// exactly once. Empty means DefaultToolSectionTemplate.
 	ToolSectionTemplate string
-	// CancelGrace bounds the write of RunFinished{cancelled} after ctx is
-	// cancelled. Zero means DefaultCancelGrace.
+	// CancelGrace bounds, from the moment ctx is cancelled, the appends
+	// still owed: the outcome of a side effect that ran, and
+	// RunFinished{cancelled}. Zero means DefaultCancelGrace.
 	CancelGrace time.Duration
 	// OneEventPerTransaction turns write coalescing off: every event is its
 	// own durable transaction (4 per step instead of 2), so tests can reach

@@ -22,9 +22,27 @@
 // (bbolt's own Batch waits up to MaxBatchDelay for company, which makes a
 // lone run's durable write many times slower.) A refused append in a group
 // does not affect the others: the rules of seams.CheckAppend are checked
-// against the index before anything of that append is written. If ctx ends
-// before an append was taken into a transaction, it is withdrawn and
-// nothing of it is written.
+// against the index before anything of that append is written; a failure
+// after an append began writing (bbolt's own) rolls the whole group back,
+// so an append is all or nothing. If ctx ends before an append was taken
+// into a transaction, it is withdrawn and nothing of it is written (the
+// engine passes appends that must not be lost a context detached from the
+// run's, see engine's doc on cancellation).
+//
+// # Tails and keys
+//
+// Append checks the tail its caller names against the run bucket's last
+// key inside the writing transaction, so appends grouped into one
+// transaction see each other and of two continuing one tail exactly one
+// wins. Keys are ULIDs minted after that last key (events.IDSource.
+// NextAfter), whatever the clock says: after a process wrote with its clock
+// ahead (an NTP step, a VM migration, a restored snapshot), the run's next
+// keys carry the future millisecond, incremented, until the clock catches
+// up. What that leaves behind: event times read from keys (Envelope.Time,
+// RunInfo's first/last event) show the future moment, and step_wall_ms of
+// steps written meanwhile reads 0. Other runs are not affected. The Store
+// also embeds seams.RunLocks, so one process runs one driver per run; the
+// file lock keeps other processes out.
 //
 // The freelist is not written on each commit (bbolt's NoFreelistSync; it is
 // rebuilt when the file is opened): it saves a page write per commit.

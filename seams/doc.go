@@ -17,6 +17,17 @@
 // effect idempotent (the result id is the same on a replay). Tool handlers,
 // which take only their arguments, read the same call with CallOf(ctx).
 //
+// RunStore.Append names the tail it continues (the id of the last event the
+// caller has seen; zero for a new run) and fails with ErrTailMoved, writing
+// nothing, when the stream's tail is another: optimistic concurrency, as
+// event stores keep it, so two drivers can never both continue one run, in
+// one process or in many sharing a store. CheckAppend is the one function
+// every store applies; proptest.RunStoreContract proves a store obeys it.
+// A store may also implement RunLocker (RunLocks is the in-process one to
+// embed), which lets the engine refuse a second driver before it replays a
+// side effect declared safe; the tail rule is the guarantee, the lock a
+// courtesy.
+//
 // What does not live here: implementations of the seams (kv.Store is the
 // bbolt RunStore; seams/seamstest holds test doubles) and the loop that
 // drives them (package engine).
