@@ -229,3 +229,63 @@ func BenchmarkGroupedTransaction(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTailCheck isolates what the expected-tail rule adds to an
+// append: /floor is a raw bbolt Update putting a step's events in a run
+// bucket; /polyloop is the same Update preceded by what kv does for the
+// tail rule (read the bucket's last key with a cursor, compare it with the
+// caller's tail, mint keys after it). fsync is off, so the check's CPU cost
+// is not hidden by the disk; with fsync on (BenchmarkStep) it is noise.
+func BenchmarkTailCheck(b *testing.B) {
+	for _, checked := range []bool{false, true} {
+		name := "floor"
+		if checked {
+			name = "polyloop"
+		}
+		b.Run(name, func(b *testing.B) {
+			db, err := bolt.Open(filepath.Join(b.TempDir(), "raw.db"), 0o600, &bolt.Options{NoSync: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { db.Close() })
+			vals, run := encodedStep(b), []byte("bench")
+			var ids events.IDSource
+			var tail ulid.ULID
+			for b.Loop() {
+				err := db.Update(func(tx *bolt.Tx) error {
+					root, err := tx.CreateBucketIfNotExists([]byte("runs"))
+					if err != nil {
+						return err
+					}
+					bk, err := root.CreateBucketIfNotExists(run)
+					if err != nil {
+						return err
+					}
+					if checked {
+						var last ulid.ULID
+						if k, _ := bk.Cursor().Last(); k != nil {
+							last = ulid.ULID(k)
+						}
+						if last != tail {
+							return fmt.Errorf("tail moved: %s, want %s", last, tail)
+						}
+					}
+					for _, v := range vals {
+						if checked {
+							tail = ids.NextAfter(time.Now(), tail)
+						} else {
+							tail = ids.Next(time.Now())
+						}
+						if err := bk.Put(tail[:], v); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
