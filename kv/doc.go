@@ -44,16 +44,47 @@
 // also embeds seams.RunLocks, so one process runs one driver per run; the
 // file lock keeps other processes out.
 //
-// The freelist is not written on each commit (bbolt's NoFreelistSync; it is
-// rebuilt when the file is opened): it saves a page write per commit.
+// # Opening a file
 //
-// # Caveats
+// Open takes the file lock itself (exclusive for a writer, shared for
+// readers), waiting at most Options.LockTimeout; ErrLocked says whether the
+// holder is another process or this one (a second Open of a file this
+// process has open fails at once). It then proves the file sound with plain
+// reads before bbolt maps it (file.go): both meta pages valid, the file as
+// long as its pages, and every page reachable from the root in bounds, of
+// the right type, referenced once, with elements inside their pages and keys
+// in order — what bbolt's consistency walk checks, so bbolt never faults
+// on a short mapping or panics, and the freelist rebuild (a walk bbolt runs
+// in a goroutine of its own, where a panic kills the process) finds nothing
+// wrong. A damaged file yields ErrCorrupt naming the page, something that
+// is not a store ErrNotAStore (an empty file, a text file, a directory, a
+// bbolt file of another application: a store carries a format marker, the
+// "polyloop" bucket, written when it is created), and the refused file is
+// left as it was: unlocked, unmapped, its descriptor closed, its bytes
+// unchanged.
 //
-// The file is locked while open; a second Open (from this or another process)
-// waits Options.LockTimeout and then fails with ErrLocked. Read-only opens
-// share the lock with other readers. A damaged or truncated file yields
-// ErrCorrupt (or a decoding error), never a panic: bbolt page faults on a
-// truncated mapping are turned into errors with debug.SetPanicOnFault.
+// A damaged meta page is refused, not silently rolled back to the other
+// one: bbolt keeps the last two transactions' meta pages and falls back to
+// the older when the newer fails its checksum, which loses the newer
+// transaction without a word — and a lost durable intent is a side effect
+// executed twice. A meta page is written within one disk sector, so a crash
+// mid-write leaves the old or the new page, not a torn one; a bad checksum
+// means damage. Options.AllowMetaRollback accepts the fallback for recovery
+// tooling and Store.MetaRollback reports it.
+//
+// Why a walk at open rather than a synced freelist: with the freelist synced
+// bbolt would not walk the file at open, but it would trust a damaged
+// freelist page, and damaged pages would surface later, in writes, as
+// panics. Without it bbolt walks every page anyway, lazily and where a
+// panic cannot be caught; the walk at open costs about what that one does
+// (see BENCHMARKS.md) and turns every structural problem into an error.
+//
+// A new store is built in a temporary file beside the path and linked in,
+// so the path never holds half a store. Read-only opens share the lock
+// with other readers. The freelist is not written on each commit (bbolt's
+// NoFreelistSync): it saves a page write per commit. Page faults while
+// reading (a file truncated while open) are turned into errors with
+// debug.SetPanicOnFault.
 //
 // What does not live here: the rules of what a sound stream is (package
 // recovery) and the views built from a stream (package projections).

@@ -4,16 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
@@ -23,10 +25,14 @@ var _ seams.RunStore = (*Store)(nil)
 
 // Errors returned by the store, in addition to the seams contract errors.
 var (
-	// ErrLocked: another process (or another Open in this one) holds the file.
-	ErrLocked = errors.New("kv: store file is locked by another process")
+	// ErrLocked: the file is held by another process, or already open in
+	// this one; the message says which.
+	ErrLocked = errors.New("kv: store file is locked")
 	// ErrCorrupt: the file or a stream in it is damaged.
 	ErrCorrupt = errors.New("kv: store is corrupt")
+	// ErrNotAStore: the file is not a PolyLoop store — empty, not a bbolt
+	// file, or a bbolt file of another application. Nothing is written to it.
+	ErrNotAStore = errors.New("kv: not a PolyLoop store")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("kv: store is closed")
 	// ErrReadOnly: the store was opened read-only.
@@ -36,7 +42,14 @@ var (
 var (
 	runsBucket  = []byte("runs")
 	indexBucket = []byte("index")
+	// formatBucket marks a file as a PolyLoop store; its formatKey holds
+	// the store format version.
+	formatBucket = []byte("polyloop")
+	formatKey    = []byte("format")
 )
+
+// formatVersion is the store layout's version, written at creation.
+const formatVersion = "1"
 
 // DefaultLockTimeout bounds the wait for a file held by another process.
 const DefaultLockTimeout = time.Second
@@ -54,6 +67,11 @@ type Options struct {
 	NoSync bool
 	// MaxGroup caps how many appends one transaction serves; zero means 1024.
 	MaxGroup int
+	// AllowMetaRollback opens a file one of whose two bbolt meta pages is
+	// damaged, falling back to the other — which drops whatever the damaged
+	// page committed. Without it such a file is refused with ErrCorrupt.
+	// For recovery tooling; Store.MetaRollback reports what was accepted.
+	AllowMetaRollback bool
 }
 
 // Store is a bbolt-backed seams.RunStore, safe for concurrent use.
@@ -61,10 +79,13 @@ type Store struct {
 	seams.RunLocks // one driver per run in this process; the file lock keeps other processes out
 
 	db       *bolt.DB
+	file     *os.File
 	path     string
 	readOnly bool
 	maxGroup int
 	ids      events.IDSource
+	release  func() // ends this process's claim on the file
+	report   fileReport
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
@@ -93,96 +114,245 @@ type appendRequest struct {
 	taken bool // in a group being committed: it can no longer be withdrawn
 }
 
-// Open opens or creates the store file at path with mode 0600.
+// Open opens the store file at path, or creates it with mode 0600 (read-
+// write only). Before bbolt maps an existing file, Open locks it and proves
+// it sound (see checkFile): a damaged file yields ErrCorrupt, something
+// that is not a store ErrNotAStore, a file held elsewhere ErrLocked — never
+// a panic, and a refused Open leaves no lock, mapping or descriptor behind.
 func Open(path string, o Options) (*Store, error) {
 	timeout := o.LockTimeout
 	if timeout <= 0 {
 		timeout = DefaultLockTimeout
 	}
-	if o.ReadOnly {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return nil, fmt.Errorf("kv: open %s read-only: %w", path, err)
-		}
-		if fi.Size() == 0 {
-			return nil, fmt.Errorf("%w: %s is empty, not a store", ErrCorrupt, path)
-		}
+	f, err := openOrCreate(path, o)
+	if err != nil {
+		return nil, err
 	}
-	// bbolt reads pages while opening; on a truncated file that faults. The
-	// file is captured so a fault does not leave its lock behind.
-	var file *os.File
-	openFile := func(name string, flag int, perm os.FileMode) (*os.File, error) {
-		f, err := os.OpenFile(name, flag, perm)
-		file = f
-		return f, err
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("kv: open %s: %w", path, err)
+	}
+	release, err := claim(identity(path, fi), !o.ReadOnly, path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	s, err := open(f, path, o, timeout)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	s.release = release
+	return s, nil
+}
+
+// openOrCreate opens path's file, creating a new store first when a
+// read-write Open finds none.
+func openOrCreate(path string, o Options) (*os.File, error) {
+	flag := os.O_RDWR
+	if o.ReadOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if errors.Is(err, fs.ErrNotExist) && !o.ReadOnly {
+		if err := create(path, o); err != nil {
+			return nil, err
+		}
+		f, err = os.OpenFile(path, flag, 0)
+	}
+	switch {
+	case errors.Is(err, syscall.EISDIR):
+		return nil, fmt.Errorf("%w: %s is a directory", ErrNotAStore, path)
+	case err != nil:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is said once
+		}
+		return nil, fmt.Errorf("kv: open %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// create makes a new store at path atomically: it is built whole in a
+// temporary file beside path, then linked in, so path never holds half a
+// store (a crash leaves at most a stray temporary file) and a store that
+// another process created meanwhile is kept.
+func create(path string, o Options) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".polyloop-new-*.db")
+	if err != nil {
+		return fmt.Errorf("kv: create %s: %w", path, err)
+	}
+	name := tmp.Name()
+	tmp.Close()
+	defer os.Remove(name)
+	db, err := bolt.Open(name, 0o600, &bolt.Options{NoSync: o.NoSync, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return fmt.Errorf("kv: create %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{runsBucket, indexBucket} {
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
+		}
+		format, err := tx.CreateBucket(formatBucket)
+		if err != nil {
+			return err
+		}
+		return format.Put(formatKey, []byte(formatVersion))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("kv: create %s: %w", path, err)
+	}
+	if err := os.Link(name, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("kv: create %s: %w", path, err)
+	}
+	if dir, err := os.Open(filepath.Dir(path)); err == nil {
+		if !o.NoSync {
+			dir.Sync() // the new directory entry is durable
+		}
+		dir.Close()
+	}
+	return nil
+}
+
+// inProcess counts the stores this process has open, per file: a second
+// Open here would wait on this process's own lock, so it is refused at
+// once with an error that says so.
+var inProcess = struct {
+	sync.Mutex
+	files map[any]int // readers, or -1 for the writer
+}{files: map[any]int{}}
+
+// claim registers an Open of the file id in this process.
+func claim(id any, exclusive bool, path string) (func(), error) {
+	inProcess.Lock()
+	defer inProcess.Unlock()
+	n := inProcess.files[id]
+	if n < 0 || exclusive && n > 0 {
+		return nil, fmt.Errorf("%w by this process: %s is already open in it (close that kv.Store first)", ErrLocked, path)
+	}
+	if exclusive {
+		inProcess.files[id] = -1
+	} else {
+		inProcess.files[id] = n + 1
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			inProcess.Lock()
+			defer inProcess.Unlock()
+			if inProcess.files[id]--; exclusive || inProcess.files[id] == 0 {
+				delete(inProcess.files, id)
+			}
+		})
+	}, nil
+}
+
+// open locks f, proves it sound, and hands it to bbolt. On any error f is
+// unlocked and closed, and bbolt (if it got that far) closed.
+func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, error) {
+	fail := func(err error) (*Store, error) {
+		unlockFile(f)
+		f.Close()
+		return nil, err
+	}
+	if err := lockFile(f, !o.ReadOnly, timeout); err != nil {
+		if errors.Is(err, errLockTimeout) {
+			return fail(fmt.Errorf("%w by another process: %s (waited %s)", ErrLocked, path, timeout))
+		}
+		return fail(fmt.Errorf("kv: open %s: %w", path, err))
+	}
+	size, err := fileSize(f)
+	if err != nil {
+		return fail(named(path, err))
+	}
+	rep, err := checkFile(f, size, o.AllowMetaRollback)
+	if err != nil {
+		return fail(named(path, err))
 	}
 	var db *bolt.DB
-	err := withFaultsAsPanics(func() (err error) {
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: o.ReadOnly, NoSync: o.NoSync, OpenFile: openFile,
+	err = withFaultsAsPanics(func() (err error) {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: o.ReadOnly, NoSync: o.NoSync,
+			OpenFile:       func(string, int, os.FileMode) (*os.File, error) { return f, nil },
 			NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 		return err
 	})
-	if err != nil && db == nil && file != nil && errors.Is(err, ErrCorrupt) {
-		file.Close()
-	}
 	if err != nil {
-		switch {
-		case errors.Is(err, bolterrors.ErrTimeout):
-			return nil, fmt.Errorf("%w: %s (waited %s)", ErrLocked, path, timeout)
-		case errors.Is(err, ErrCorrupt):
-			return nil, err
-		case errors.As(err, new(*os.PathError)), errors.As(err, new(*os.SyscallError)):
-			return nil, fmt.Errorf("kv: open %s: %w", path, err)
-		}
-		// bbolt's remaining open errors (invalid, checksum, version
-		// mismatch, file size too small...) all mean a damaged file.
-		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		// The file check passed, so this is unexpected: report it as damage.
+		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
-	s := &Store{db: db, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup}
+	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep}
 	if s.maxGroup <= 0 {
 		s.maxGroup = 1024
 	}
 	if err := s.prepare(); err != nil {
 		withFaultsAsPanics(db.Close)
-		return nil, err
+		return fail(err)
 	}
 	s.idle = sync.NewCond(&s.mu)
 	return s, nil
 }
 
-// prepare checks that the file is whole and its top-level buckets are
-// readable, then (read-write) creates the buckets of a new store.
-func (s *Store) prepare() error {
-	fi, err := os.Stat(s.path)
-	if err != nil {
-		return fmt.Errorf("kv: open %s: %w", s.path, err)
+var errLockTimeout = errors.New("lock wait timed out")
+
+// named puts the path into a file-check error: "<kind>: <path>: <detail>".
+func named(path string, err error) error {
+	var fe *fileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("%w: %s: %s", fe.kind, path, fe.detail)
 	}
-	err = withFaultsAsPanics(func() error {
+	return fmt.Errorf("kv: open %s: %w", path, err)
+}
+
+// MetaRollback describes the damaged meta page an Open with
+// Options.AllowMetaRollback accepted, or is empty.
+func (s *Store) MetaRollback() string { return s.report.rolledBack }
+
+// prepare checks the format marker and the top-level buckets, and
+// (read-write) marks a store from before the marker existed.
+func (s *Store) prepare() error {
+	var marked bool
+	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
-			if tx.Size() > fi.Size() {
-				return fmt.Errorf("%w: %s is truncated: %d bytes, its pages need %d", ErrCorrupt, s.path, fi.Size(), tx.Size())
+			var names []string
+			if err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+				names = append(names, string(name))
+				return nil
+			}); err != nil {
+				return err
 			}
 			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
-			if (runs == nil) != (index == nil) {
-				return fmt.Errorf("%w: %s: one of the runs and index buckets is missing", ErrCorrupt, s.path)
+			if format := tx.Bucket(formatBucket); format != nil {
+				if v := format.Get(formatKey); string(v) != formatVersion {
+					return fmt.Errorf("%w: %s: store format %q, this version of kv reads %q", ErrNotAStore, s.path, v, formatVersion)
+				}
+				marked = true
+			} else if runs == nil || index == nil || len(names) != 2 {
+				// A store from before the format marker holds exactly the
+				// runs and index buckets; anything else is not ours.
+				return fmt.Errorf("%w: %s is a bbolt file without PolyLoop's format marker (top-level buckets: %q)", ErrNotAStore, s.path, names)
 			}
-			if index != nil {
-				return index.ForEach(func(k, v []byte) error { return nil })
+			if runs == nil || index == nil {
+				return fmt.Errorf("%w: %s: one of the runs and index buckets is missing", ErrCorrupt, s.path)
 			}
 			return nil
 		})
 	})
-	if err != nil || s.readOnly {
+	if err != nil || s.readOnly || marked {
 		return err
 	}
 	return withFaultsAsPanics(func() error {
 		return s.db.Update(func(tx *bolt.Tx) error {
-			for _, name := range [][]byte{runsBucket, indexBucket} {
-				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-					return fmt.Errorf("%w: %s: bucket %s: %v", ErrCorrupt, s.path, name, err)
-				}
+			format, err := tx.CreateBucketIfNotExists(formatBucket)
+			if err != nil {
+				return err
 			}
-			return nil
+			return format.Put(formatKey, []byte(formatVersion))
 		})
 	})
 }
@@ -514,5 +684,9 @@ func (s *Store) Close() error {
 		s.idle.Wait()
 	}
 	s.mu.Unlock()
-	return withFaultsAsPanics(s.db.Close)
+	err := withFaultsAsPanics(s.db.Close)
+	unlockFile(s.file) // a no-op once bbolt closed the file
+	s.file.Close()
+	s.release()
+	return err
 }

@@ -1,0 +1,437 @@
+package kv
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+)
+
+// The file check. bbolt trusts its file: it maps it and follows page ids,
+// offsets and lengths as it finds them, so a damaged page makes it fault
+// on memory past the end of the file, or panic — with the freelist not
+// synced, in a goroutine of its own when it rebuilds the freelist by walking
+// every page, where no recover can reach. It also falls back to the older
+// meta page without a word when the newest one is damaged, which silently
+// drops the last committed transaction.
+//
+// So before bbolt sees a file, checkFile reads it with plain reads (no
+// mapping: a short file is an error, never a fault) and proves what bbolt
+// will rely on: both meta pages valid (magic, version, checksum, the page
+// that the transaction id puts them on), the file as long as the newest
+// meta's high-water mark says, and every page reachable from the root —
+// through branch and leaf pages, nested and inline buckets — in bounds,
+// of the right type, referenced once, with every element inside its page
+// and keys in order within and across pages: the checks bbolt's own
+// consistency walk makes (tx_check.go), so the walk it runs when it rebuilds
+// the freelist finds nothing to panic about. The format is bbolt's on-disk
+// format version 2, in the machine's byte order, as bbolt writes it.
+
+const (
+	pageHeaderSize   = 16 // id u64, flags u16, count u16, overflow u32
+	elemSize         = 16 // branch: pos, ksize u32, pgid u64; leaf: flags, pos, ksize, vsize u32
+	bucketHeaderSize = 16 // root pgid u64, sequence u64
+	metaSize         = 64 // magic, version, pageSize, flags u32; root, sequence, freelist, pgid, txid, checksum u64
+
+	flagBranch     = 0x01
+	flagLeaf       = 0x02
+	flagFreelist   = 0x10
+	bucketLeafFlag = 0x01
+
+	boltMagic   = 0xED0CDAED
+	boltVersion = 2
+	noFreelist  = ^uint64(0)
+
+	// maxNesting bounds the depth of the walk (tree levels plus nested
+	// buckets); sound stores are a few levels deep.
+	maxNesting = 256
+)
+
+var order = binary.NativeEndian
+
+// meta is a parsed bbolt meta page.
+type meta struct {
+	page                                      int
+	magic, version, pageSize                  uint32
+	root, freelist, pgid, txid, checksum, sum uint64
+}
+
+func parseMeta(page int, b []byte) meta {
+	m := meta{page: page}
+	if len(b) < pageHeaderSize+metaSize {
+		return m
+	}
+	b = b[pageHeaderSize:]
+	m.magic, m.version, m.pageSize = order.Uint32(b[0:]), order.Uint32(b[4:]), order.Uint32(b[8:])
+	m.root, m.freelist, m.pgid = order.Uint64(b[16:]), order.Uint64(b[32:]), order.Uint64(b[40:])
+	m.txid, m.checksum = order.Uint64(b[48:]), order.Uint64(b[56:])
+	h := fnv.New64a()
+	h.Write(b[:56])
+	m.sum = h.Sum64()
+	return m
+}
+
+// problem says what is wrong with a meta page, or "".
+func (m meta) problem() string {
+	switch {
+	case m.magic != boltMagic:
+		return "not a bbolt meta page (no magic number)"
+	case m.version != boltVersion:
+		return fmt.Sprintf("bbolt format version %d, not %d", m.version, boltVersion)
+	case m.checksum != m.sum:
+		return "checksum mismatch"
+	case m.pageSize < 1024 || m.pageSize > 1<<24 || m.pageSize&(m.pageSize-1) != 0:
+		return fmt.Sprintf("page size %d is not a power of two between 1 KiB and 16 MiB", m.pageSize)
+	case m.txid%2 != uint64(m.page):
+		return fmt.Sprintf("transaction %d belongs on meta page %d", m.txid, m.txid%2)
+	case m.pgid < 2 || m.root < 2 || m.root >= m.pgid:
+		return fmt.Sprintf("root page %d outside the file's %d pages", m.root, m.pgid)
+	case m.freelist != noFreelist && (m.freelist < 2 || m.freelist >= m.pgid):
+		return fmt.Sprintf("freelist page %d outside the file's %d pages", m.freelist, m.pgid)
+	}
+	return ""
+}
+
+// fileReport is what checkFile found in a file it accepts.
+type fileReport struct {
+	// rolledBack describes a damaged meta page that was accepted with
+	// Options.AllowMetaRollback; empty otherwise.
+	rolledBack string
+}
+
+// checkFile proves f (size bytes) safe to hand to bbolt, or says why not:
+// ErrNotAStore for what is not a bbolt file at all, ErrCorrupt for a damaged
+// one.
+func checkFile(f io.ReaderAt, size int64, allowRollback bool) (fileReport, error) {
+	var rep fileReport
+	if size == 0 {
+		return rep, notAStore("the file is empty")
+	}
+	head := make([]byte, pageHeaderSize+metaSize)
+	n, _ := f.ReadAt(head, 0)
+	m0 := parseMeta(0, head[:n])
+	pageSize := int64(m0.pageSize)
+	if m0.problem() != "" {
+		// Find the second meta page the way bbolt does: try each page size.
+		pageSize = 0
+		for sz := int64(1024); sz <= 1<<24 && sz < size; sz <<= 1 {
+			n, _ := f.ReadAt(head, sz)
+			if m := parseMeta(1, head[:n]); m.problem() == "" && int64(m.pageSize) == sz {
+				pageSize = sz
+				break
+			}
+		}
+		if pageSize == 0 {
+			if m0.magic != boltMagic {
+				return rep, notAStore("not a bbolt file (no valid meta page)")
+			}
+			return rep, corrupt("both bbolt meta pages are damaged (meta page 0: %s)", m0.problem())
+		}
+	}
+	if size < 2*pageSize {
+		return rep, corrupt("the file is truncated: %d bytes, shorter than its two meta pages", size)
+	}
+	metas := [2]meta{
+		parseMeta(0, readUpTo(f, 0, pageHeaderSize+metaSize)),
+		parseMeta(1, readUpTo(f, pageSize, pageHeaderSize+metaSize)),
+	}
+	newest := -1
+	for i, m := range metas {
+		if m.problem() == "" && int64(m.pageSize) == pageSize && (newest < 0 || m.txid > metas[newest].txid) {
+			newest = i
+		}
+	}
+	if newest < 0 {
+		return rep, corrupt("both bbolt meta pages are damaged (meta page 0: %s; meta page 1: %s)",
+			metas[0].problem(), metas[1].problem())
+	}
+	if other := metas[1-newest]; other.problem() != "" || int64(other.pageSize) != pageSize {
+		why := other.problem()
+		if why == "" {
+			why = fmt.Sprintf("page size %d, the other's is %d", other.pageSize, pageSize)
+		}
+		msg := fmt.Sprintf("bbolt meta page %d is damaged (%s); the other holds transaction %d, and opening would silently drop "+
+			"whatever the damaged page committed after it", other.page, why, metas[newest].txid)
+		if !allowRollback {
+			return rep, corrupt("%s (Options.AllowMetaRollback accepts that, for recovery tooling)", msg)
+		}
+		rep.rolledBack = msg
+	}
+	m := metas[newest]
+	if need := int64(m.pgid) * pageSize; m.pgid > uint64(size/pageSize) || size < need {
+		return rep, corrupt("the file is truncated: %d bytes, its %d pages need %d", size, m.pgid, int64(m.pgid)*pageSize)
+	}
+	w := &walker{f: f, pageSize: pageSize, hwm: m.pgid, reached: make([]uint64, (m.pgid+63)/64)}
+	w.mark(0, 1)
+	if m.freelist != noFreelist {
+		if err := w.freelist(m.freelist); err != nil {
+			return rep, err
+		}
+	}
+	if _, err := w.tree(m.root, nil, nil, 0); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// readUpTo returns up to n bytes of f from off, as many as it has.
+func readUpTo(f io.ReaderAt, off int64, n int) []byte {
+	buf := make([]byte, n)
+	n, _ = f.ReadAt(buf, off)
+	return buf[:n]
+}
+
+// walker follows a file's pages from the root.
+type walker struct {
+	f        io.ReaderAt
+	pageSize int64
+	hwm      uint64   // pages in use, from the newest meta
+	reached  []uint64 // bitset of pages referenced so far
+}
+
+// fileError is what checkFile refuses a file with: its kind (ErrCorrupt,
+// ErrNotAStore) and what exactly is wrong; Open adds the path.
+type fileError struct {
+	kind   error
+	detail string
+}
+
+func (e *fileError) Error() string { return e.kind.Error() + ": " + e.detail }
+func (e *fileError) Unwrap() error { return e.kind }
+
+func corrupt(format string, a ...any) error {
+	return &fileError{ErrCorrupt, fmt.Sprintf(format, a...)}
+}
+
+func notAStore(format string, a ...any) error {
+	return &fileError{ErrNotAStore, fmt.Sprintf(format, a...)}
+}
+
+// mark records pages [id, id+n) as referenced, failing on a second reference.
+func (w *walker) mark(id, n uint64) error {
+	for p := id; p < id+n; p++ {
+		if w.reached[p/64]&(1<<(p%64)) != 0 {
+			return corrupt("bbolt page %d is referenced twice", p)
+		}
+		w.reached[p/64] |= 1 << (p % 64)
+	}
+	return nil
+}
+
+// page reads page id with its overflow pages, checking its header.
+func (w *walker) page(id uint64) ([]byte, error) {
+	if id < 2 || id >= w.hwm {
+		return nil, corrupt("bbolt page %d is outside the file's %d pages", id, w.hwm)
+	}
+	head := make([]byte, pageHeaderSize)
+	if _, err := w.f.ReadAt(head, int64(id)*w.pageSize); err != nil {
+		return nil, corrupt("bbolt page %d cannot be read: %v", id, err)
+	}
+	if got := order.Uint64(head); got != id {
+		return nil, corrupt("bbolt page %d says it is page %d", id, got)
+	}
+	overflow := uint64(order.Uint32(head[12:]))
+	if overflow >= w.hwm-id {
+		return nil, corrupt("bbolt page %d overflows past the file's %d pages (%d overflow pages)", id, w.hwm, overflow)
+	}
+	if err := w.mark(id, overflow+1); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, int64(overflow+1)*w.pageSize)
+	if _, err := w.f.ReadAt(buf, int64(id)*w.pageSize); err != nil {
+		return nil, corrupt("bbolt page %d cannot be read: %v", id, err)
+	}
+	return buf, nil
+}
+
+// freelist checks a synced freelist page: every id it lists is a page.
+func (w *walker) freelist(id uint64) error {
+	p, err := w.page(id)
+	if err != nil {
+		return err
+	}
+	if flags := order.Uint16(p[8:]); flags != flagFreelist {
+		return corrupt("bbolt freelist page %d has page flags %#x", id, flags)
+	}
+	start, count := uint64(pageHeaderSize), uint64(order.Uint16(p[10:]))
+	if count == 0xFFFF {
+		if len(p) < pageHeaderSize+8 {
+			return corrupt("bbolt freelist page %d is too short", id)
+		}
+		count, start = order.Uint64(p[pageHeaderSize:]), pageHeaderSize+8
+	}
+	if count > (uint64(len(p))-start)/8 {
+		return corrupt("bbolt freelist page %d lists %d pages, more than it holds", id, count)
+	}
+	for i := range count {
+		if free := order.Uint64(p[start+8*i:]); free < 2 || free >= w.hwm {
+			return corrupt("bbolt freelist page %d lists page %d, outside the file's %d pages", id, free, w.hwm)
+		}
+	}
+	return nil
+}
+
+// tree checks the subtree rooted at page id, whose keys must lie in
+// [lo, hi) (nil: unbounded), and returns its largest key.
+func (w *walker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
+	if depth > maxNesting {
+		return nil, corrupt("bbolt pages nest more than %d deep at page %d", maxNesting, id)
+	}
+	p, err := w.page(id)
+	if err != nil {
+		return nil, err
+	}
+	switch flags := order.Uint16(p[8:]); flags {
+	case flagBranch:
+		return w.branch(id, p, lo, hi, depth)
+	case flagLeaf:
+		return w.leaf(fmt.Sprintf("bbolt page %d", id), p, lo, hi, depth)
+	default:
+		return nil, corrupt("bbolt page %d has page flags %#x where a branch or leaf page belongs", id, flags)
+	}
+}
+
+// elements returns the count of p's elements once they fit in p.
+func elements(what string, p []byte) (int, error) {
+	count := int(order.Uint16(p[10:]))
+	if pageHeaderSize+count*elemSize > len(p) {
+		return 0, corrupt("%s claims %d elements, more than its %d bytes hold", what, count, len(p))
+	}
+	return count, nil
+}
+
+// span returns p[off+pos : off+pos+n], the bytes an element points at.
+func span(what string, p []byte, off int, pos uint32, n uint64) ([]byte, error) {
+	start := uint64(off) + uint64(pos)
+	end := start + uint64(n)
+	if end > uint64(len(p)) {
+		return nil, corrupt("%s has an element reaching byte %d of %d", what, end, len(p))
+	}
+	return p[start:end], nil
+}
+
+// inOrder checks key against the previous key on its page (or the lower
+// bound) and the upper bound.
+func inOrder(what string, i int, key, prev, hi []byte, first bool) error {
+	switch {
+	case prev != nil && first && bytes.Compare(prev, key) > 0:
+		return corrupt("%s: key %d sorts before its ancestor's", what, i)
+	case prev != nil && !first && bytes.Compare(prev, key) >= 0:
+		return corrupt("%s: key %d does not sort after key %d", what, i, i-1)
+	case hi != nil && bytes.Compare(key, hi) >= 0:
+		return corrupt("%s: key %d does not sort before the next key of its parent", what, i)
+	}
+	return nil
+}
+
+func (w *walker) branch(id uint64, p, lo, hi []byte, depth int) ([]byte, error) {
+	what := fmt.Sprintf("bbolt branch page %d", id)
+	count, err := elements(what, p)
+	if err != nil {
+		return nil, err
+	}
+	if count == 0 {
+		return nil, corrupt("%s has no elements", what)
+	}
+	keys := make([][]byte, count)
+	children := make([]uint64, count)
+	for i := range count {
+		off := pageHeaderSize + i*elemSize
+		if keys[i], err = span(what, p, off, order.Uint32(p[off:]), uint64(order.Uint32(p[off+4:]))); err != nil {
+			return nil, err
+		}
+		children[i] = order.Uint64(p[off+8:])
+	}
+	// As bbolt's check does: each element's key lies after the largest
+	// key of the subtree before it, and each subtree within its keys.
+	prev := lo
+	var max []byte
+	for i := range count {
+		if err := inOrder(what, i, keys[i], prev, hi, i == 0); err != nil {
+			return nil, err
+		}
+		next := hi
+		if i+1 < count {
+			next = keys[i+1]
+		}
+		if max, err = w.tree(children[i], keys[i], next, depth+1); err != nil {
+			return nil, err
+		}
+		prev = max
+	}
+	return max, nil
+}
+
+// leaf checks a leaf page (a file page, or an inline bucket's page) and
+// the buckets its elements hold.
+func (w *walker) leaf(what string, p, lo, hi []byte, depth int) ([]byte, error) {
+	count, err := elements(what, p)
+	if err != nil {
+		return nil, err
+	}
+	prev := lo
+	for i := range count {
+		off := pageHeaderSize + i*elemSize
+		flags, pos, ksize, vsize := order.Uint32(p[off:]), order.Uint32(p[off+4:]), order.Uint32(p[off+8:]), order.Uint32(p[off+12:])
+		kv, err := span(what, p, off, pos, uint64(ksize)+uint64(vsize))
+		if err != nil {
+			return nil, err
+		}
+		key, val := kv[:ksize], kv[ksize:]
+		if err := inOrder(what, i, key, prev, hi, i == 0); err != nil {
+			return nil, err
+		}
+		prev = key
+		switch flags {
+		case 0:
+		case bucketLeafFlag:
+			if err := w.bucket(fmt.Sprintf("%s, bucket %q", what, key), val, depth+1); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, corrupt("%s has element %d with flags %#x", what, i, flags)
+		}
+	}
+	if count == 0 {
+		return nil, nil
+	}
+	return prev, nil
+}
+
+// bucket checks a bucket header and the tree or inline page it names.
+func (w *walker) bucket(what string, val []byte, depth int) error {
+	if len(val) < bucketHeaderSize {
+		return corrupt("%s: the bucket header is %d bytes", what, len(val))
+	}
+	if root := order.Uint64(val); root != 0 {
+		_, err := w.tree(root, nil, nil, depth)
+		return err
+	}
+	inline := val[bucketHeaderSize:]
+	if len(inline) < pageHeaderSize {
+		return corrupt("%s: the inline bucket is %d bytes", what, len(inline))
+	}
+	if flags := order.Uint16(inline[8:]); flags != flagLeaf {
+		return corrupt("%s: the inline bucket has page flags %#x", what, flags)
+	}
+	if depth > maxNesting {
+		return corrupt("%s: buckets nest more than %d deep", what, maxNesting)
+	}
+	_, err := w.leaf(what+" (inline)", inline, nil, nil, depth)
+	return err
+}
+
+// fileSize is f's size, or an error naming what f is when it is not a
+// regular file.
+func fileSize(f *os.File) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return 0, notAStore("not a regular file (%s)", fi.Mode().Type())
+	}
+	return fi.Size(), nil
+}

@@ -1,0 +1,148 @@
+package kv_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/proptest"
+)
+
+// TestWhatIsNotAStoreIsRefusedUntouched: an empty file, a text file, a
+// directory and another application's bbolt file are refused with
+// ErrNotAStore, read-only and read-write, their bytes unchanged.
+func TestWhatIsNotAStoreIsRefusedUntouched(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.db")
+	db, err := bolt.Open(other, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("sessions"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("k"), []byte("v"))
+	})
+	db.Close()
+	emptyBolt := filepath.Join(dir, "empty-bolt.db")
+	db, err = bolt.Open(emptyBolt, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	empty := filepath.Join(dir, "empty.db")
+	os.WriteFile(empty, nil, 0o600)
+	text := filepath.Join(dir, "notes.txt")
+	os.WriteFile(text, bytes.Repeat([]byte("not a store\n"), 1000), 0o600)
+	sub := filepath.Join(dir, "a-directory")
+	os.Mkdir(sub, 0o700)
+
+	for _, path := range []string{other, emptyBolt, empty, text, sub} {
+		before, _ := os.ReadFile(path)
+		for _, ro := range []bool{true, false} {
+			s, err := kv.Open(path, kv.Options{ReadOnly: ro})
+			if err == nil {
+				s.Close()
+				t.Errorf("%s (read-only %t): opened", filepath.Base(path), ro)
+				continue
+			}
+			if !errors.Is(err, kv.ErrNotAStore) {
+				t.Errorf("%s (read-only %t): got %v, want ErrNotAStore", filepath.Base(path), ro, err)
+			}
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Errorf("%s: a refused open changed the file", filepath.Base(path))
+		}
+	}
+}
+
+// TestAStoreFromBeforeTheFormatMarkerStillOpens: a store holding only the
+// runs and index buckets (as stores written before the marker) opens
+// read-only as it is, and read-write gets the marker.
+func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(context.Background(), "r", ulid.ULID{}, proptest.SoundStream("r")...); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("polyloop")) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	for _, ro := range []bool{true, false, true} {
+		s, err := kv.Open(path, kv.Options{ReadOnly: ro})
+		if err != nil {
+			t.Fatalf("read-only %t: %v", ro, err)
+		}
+		if got, err := s.Load(context.Background(), "r"); err != nil || len(got) != len(proptest.SoundStream("r")) {
+			t.Fatalf("read-only %t: loaded %d events (%v)", ro, len(got), err)
+		}
+		s.Close()
+	}
+	db, err = bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket([]byte("polyloop")) == nil {
+			t.Error("a read-write open did not add the format marker")
+		}
+		return nil
+	})
+}
+
+// TestASecondOpenInThisProcessSaysSo: while a store is open read-write in
+// this process, another Open of it (by any path) fails at once with
+// ErrLocked naming this process; readers share; after Close it opens.
+func TestASecondOpenInThisProcessSaysSo(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []kv.Options{{}, {ReadOnly: true}} {
+		_, err := kv.Open(filepath.Join(dir, ".", "s.db"), o)
+		if !errors.Is(err, kv.ErrLocked) || !strings.Contains(err.Error(), "this process") {
+			t.Fatalf("second open %+v: got %v, want ErrLocked by this process", o, err)
+		}
+	}
+	s.Close()
+	r1, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("two readers: %v", err)
+	}
+	if _, err := kv.Open(path, kv.Options{}); !errors.Is(err, kv.ErrLocked) {
+		t.Fatalf("a writer beside readers: got %v, want ErrLocked", err)
+	}
+	r1.Close()
+	r2.Close()
+	w, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatalf("after the readers closed: %v", err)
+	}
+	w.Close()
+}

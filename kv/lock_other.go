@@ -1,0 +1,23 @@
+//go:build !unix
+
+package kv
+
+import (
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// lockFile leaves locking to bbolt on platforms without flock: the file
+// check then runs before bbolt takes its lock.
+func lockFile(*os.File, bool, time.Duration) error { return nil }
+
+func unlockFile(*os.File) {}
+
+func identity(path string, _ os.FileInfo) any {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return path
+	}
+	return abs
+}

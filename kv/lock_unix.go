@@ -1,0 +1,48 @@
+//go:build unix
+
+package kv
+
+import (
+	"errors"
+	"os"
+	"syscall"
+	"time"
+)
+
+// lockFile takes an flock on f — exclusive, or shared for readers — waiting
+// at most timeout. errLockTimeout when another holder kept it.
+func lockFile(f *os.File, exclusive bool, timeout time.Duration) error {
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			return nil
+		case !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR):
+			return &os.PathError{Op: "flock", Path: f.Name(), Err: err}
+		case time.Now().After(deadline):
+			return errLockTimeout
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// unlockFile releases f's flock explicitly: closing the descriptor alone
+// does not while a mapping of the file still refers to it.
+func unlockFile(f *os.File) {
+	if c, err := f.SyscallConn(); err == nil {
+		c.Control(func(fd uintptr) { syscall.Flock(int(fd), syscall.LOCK_UN) })
+	}
+}
+
+// identity names the file behind fi across paths (device and inode).
+func identity(path string, fi os.FileInfo) any {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return [2]uint64{uint64(st.Dev), uint64(st.Ino)}
+	}
+	return path
+}
