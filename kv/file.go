@@ -104,7 +104,7 @@ type fileReport struct {
 // checkFile proves f (size bytes) safe to hand to bbolt, or says why not:
 // ErrNotAStore for what is not a bbolt file at all, ErrCorrupt for a damaged
 // one.
-func checkFile(f io.ReaderAt, size int64, allowRollback bool) (fileReport, error) {
+func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (fileReport, error) {
 	var rep fileReport
 	if size == 0 {
 		return rep, notAStore("the file is empty")
@@ -163,7 +163,7 @@ func checkFile(f io.ReaderAt, size int64, allowRollback bool) (fileReport, error
 	if need := int64(m.pgid) * pageSize; m.pgid > uint64(size/pageSize) || size < need {
 		return rep, corrupt("the file is truncated: %d bytes, its %d pages need %d", size, m.pgid, int64(m.pgid)*pageSize)
 	}
-	w := &walker{f: f, pageSize: pageSize, hwm: m.pgid, reached: make([]uint64, (m.pgid+63)/64)}
+	w := &walker{f: f, data: data, pageSize: pageSize, hwm: m.pgid, reached: make([]uint64, (m.pgid+63)/64)}
 	w.mark(0, 1)
 	if m.freelist != noFreelist {
 		if err := w.freelist(m.freelist); err != nil {
@@ -189,6 +189,67 @@ type walker struct {
 	pageSize int64
 	hwm      uint64   // pages in use, from the newest meta
 	reached  []uint64 // bitset of pages referenced so far
+
+	// data is the file mapped read-only, where the platform allows;
+	// otherwise it is read in chunks, a read each (bbolt lays pages out
+	// close to their parents), the last few chunks kept.
+	data   []byte
+	chunks map[int64][]byte
+	recent []int64
+}
+
+const (
+	chunkSize  = 1 << 20
+	keptChunks = 16
+)
+
+// chunk returns the chunkSize bytes of the file from off (aligned), or
+// fewer at its end.
+func (w *walker) chunk(off int64) ([]byte, error) {
+	if c, ok := w.chunks[off]; ok {
+		return c, nil
+	}
+	c := make([]byte, chunkSize)
+	n, err := w.f.ReadAt(c, off)
+	if n == 0 && err != nil {
+		return nil, err
+	}
+	if w.chunks == nil {
+		w.chunks = map[int64][]byte{}
+	}
+	if len(w.recent) == keptChunks {
+		delete(w.chunks, w.recent[0])
+		w.recent = w.recent[1:]
+	}
+	w.chunks[off], w.recent = c[:n], append(w.recent, off)
+	return c[:n], nil
+}
+
+// read returns n bytes of the file from off: a slice of a chunk when they
+// lie in one, a fresh buffer otherwise.
+func (w *walker) read(off, n int64) ([]byte, error) {
+	if w.data != nil {
+		if off+n > int64(len(w.data)) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return w.data[off : off+n : off+n], nil
+	}
+	base := off - off%chunkSize
+	if off+n <= base+chunkSize {
+		c, err := w.chunk(base)
+		if err != nil {
+			return nil, err
+		}
+		if off+n-base > int64(len(c)) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return c[off-base : off+n-base : off+n-base], nil
+	}
+	buf := make([]byte, n)
+	if _, err := w.f.ReadAt(buf, off); err != nil {
+		return nil, err
+	}
+	return buf, nil
 }
 
 // fileError is what checkFile refuses a file with: its kind (ErrCorrupt,
@@ -225,8 +286,8 @@ func (w *walker) page(id uint64) ([]byte, error) {
 	if id < 2 || id >= w.hwm {
 		return nil, corrupt("bbolt page %d is outside the file's %d pages", id, w.hwm)
 	}
-	head := make([]byte, pageHeaderSize)
-	if _, err := w.f.ReadAt(head, int64(id)*w.pageSize); err != nil {
+	head, err := w.read(int64(id)*w.pageSize, pageHeaderSize)
+	if err != nil {
 		return nil, corrupt("bbolt page %d cannot be read: %v", id, err)
 	}
 	if got := order.Uint64(head); got != id {
@@ -239,8 +300,8 @@ func (w *walker) page(id uint64) ([]byte, error) {
 	if err := w.mark(id, overflow+1); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, int64(overflow+1)*w.pageSize)
-	if _, err := w.f.ReadAt(buf, int64(id)*w.pageSize); err != nil {
+	buf, err := w.read(int64(id)*w.pageSize, int64(overflow+1)*w.pageSize)
+	if err != nil {
 		return nil, corrupt("bbolt page %d cannot be read: %v", id, err)
 	}
 	return buf, nil
@@ -287,14 +348,33 @@ func (w *walker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 	case flagBranch:
 		return w.branch(id, p, lo, hi, depth)
 	case flagLeaf:
-		return w.leaf(fmt.Sprintf("bbolt page %d", id), p, lo, hi, depth)
+		return w.leaf(where{page: id}, p, lo, hi, depth)
 	default:
 		return nil, corrupt("bbolt page %d has page flags %#x where a branch or leaf page belongs", id, flags)
 	}
 }
 
+// where names the page an element lives on in error messages, built only
+// when there is an error: a file page, or the inline page of a bucket.
+type where struct {
+	page   uint64
+	branch bool
+	bucket []byte // inline bucket's name (page is then its parent's page)
+}
+
+func (w where) String() string {
+	kind := "leaf"
+	if w.branch {
+		kind = "branch"
+	}
+	if w.bucket != nil {
+		return fmt.Sprintf("bucket %q (on bbolt page %d)", w.bucket, w.page)
+	}
+	return fmt.Sprintf("bbolt %s page %d", kind, w.page)
+}
+
 // elements returns the count of p's elements once they fit in p.
-func elements(what string, p []byte) (int, error) {
+func elements(what where, p []byte) (int, error) {
 	count := int(order.Uint16(p[10:]))
 	if pageHeaderSize+count*elemSize > len(p) {
 		return 0, corrupt("%s claims %d elements, more than its %d bytes hold", what, count, len(p))
@@ -303,7 +383,7 @@ func elements(what string, p []byte) (int, error) {
 }
 
 // span returns p[off+pos : off+pos+n], the bytes an element points at.
-func span(what string, p []byte, off int, pos uint32, n uint64) ([]byte, error) {
+func span(what where, p []byte, off int, pos uint32, n uint64) ([]byte, error) {
 	start := uint64(off) + uint64(pos)
 	end := start + uint64(n)
 	if end > uint64(len(p)) {
@@ -314,7 +394,7 @@ func span(what string, p []byte, off int, pos uint32, n uint64) ([]byte, error) 
 
 // inOrder checks key against the previous key on its page (or the lower
 // bound) and the upper bound.
-func inOrder(what string, i int, key, prev, hi []byte, first bool) error {
+func inOrder(what where, i int, key, prev, hi []byte, first bool) error {
 	switch {
 	case prev != nil && first && bytes.Compare(prev, key) > 0:
 		return corrupt("%s: key %d sorts before its ancestor's", what, i)
@@ -327,7 +407,7 @@ func inOrder(what string, i int, key, prev, hi []byte, first bool) error {
 }
 
 func (w *walker) branch(id uint64, p, lo, hi []byte, depth int) ([]byte, error) {
-	what := fmt.Sprintf("bbolt branch page %d", id)
+	what := where{page: id, branch: true}
 	count, err := elements(what, p)
 	if err != nil {
 		return nil, err
@@ -366,7 +446,7 @@ func (w *walker) branch(id uint64, p, lo, hi []byte, depth int) ([]byte, error) 
 
 // leaf checks a leaf page (a file page, or an inline bucket's page) and
 // the buckets its elements hold.
-func (w *walker) leaf(what string, p, lo, hi []byte, depth int) ([]byte, error) {
+func (w *walker) leaf(what where, p, lo, hi []byte, depth int) ([]byte, error) {
 	count, err := elements(what, p)
 	if err != nil {
 		return nil, err
@@ -387,7 +467,7 @@ func (w *walker) leaf(what string, p, lo, hi []byte, depth int) ([]byte, error) 
 		switch flags {
 		case 0:
 		case bucketLeafFlag:
-			if err := w.bucket(fmt.Sprintf("%s, bucket %q", what, key), val, depth+1); err != nil {
+			if err := w.bucket(where{page: what.page, bucket: key}, val, depth+1); err != nil {
 				return nil, err
 			}
 		default:
@@ -401,7 +481,7 @@ func (w *walker) leaf(what string, p, lo, hi []byte, depth int) ([]byte, error) 
 }
 
 // bucket checks a bucket header and the tree or inline page it names.
-func (w *walker) bucket(what string, val []byte, depth int) error {
+func (w *walker) bucket(what where, val []byte, depth int) error {
 	if len(val) < bucketHeaderSize {
 		return corrupt("%s: the bucket header is %d bytes", what, len(val))
 	}
@@ -419,7 +499,7 @@ func (w *walker) bucket(what string, val []byte, depth int) error {
 	if depth > maxNesting {
 		return corrupt("%s: buckets nest more than %d deep", what, maxNesting)
 	}
-	_, err := w.leaf(what+" (inline)", inline, nil, nil, depth)
+	_, err := w.leaf(what, inline, nil, nil, depth)
 	return err
 }
 

@@ -271,7 +271,16 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 	if err != nil {
 		return fail(named(path, err))
 	}
-	rep, err := checkFile(f, size, o.AllowMetaRollback)
+	var rep fileReport
+	err = withFaultsAsPanics(func() error {
+		data, unmap, err := mapFile(f, size)
+		if err != nil {
+			return err
+		}
+		defer unmap()
+		rep, err = checkFile(f, data, size, o.AllowMetaRollback)
+		return err
+	})
 	if err != nil {
 		return fail(named(path, err))
 	}
