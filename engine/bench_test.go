@@ -173,7 +173,10 @@ func BenchmarkStepCPU(b *testing.B) {
 		var evs []events.Event
 		for _, g := range groups {
 			for _, v := range g {
-				env, err := events.Unmarshal(ulid.ULID{}, v)
+				if err := events.Seal(v, "bench", ulid.ULID{}); err != nil {
+					b.Fatal(err)
+				}
+				env, err := events.Unmarshal("bench", ulid.ULID{}, v)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -187,7 +190,10 @@ func BenchmarkStepCPU(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := events.Unmarshal(ulid.ULID{}, v); err != nil {
+				if err := events.Seal(v, "bench", ulid.ULID{}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := events.Unmarshal("bench", ulid.ULID{}, v); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -269,7 +275,7 @@ func BenchmarkResume(b *testing.B) {
 				err := db.View(func(tx *bolt.Tx) error {
 					c := tx.Bucket([]byte("runs")).Bucket([]byte("long")).Cursor()
 					for k, v := c.First(); k != nil; k, v = c.Next() {
-						if _, err := events.Unmarshal(ulid.ULID(k), v); err != nil {
+						if _, err := events.Unmarshal("long", ulid.ULID(k), v); err != nil {
 							return err
 						}
 						count++

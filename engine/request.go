@@ -204,7 +204,10 @@ func snapshot(def Definition, req Request) (map[string]string, error) {
 	return d, conflictError(conflicts)
 }
 
-// snapshotDiff lists every key whose value differs, with both values.
+// snapshotDiff lists every key whose value differs, with both values. A
+// schema version (a key ending in schema_version) compares by its major: a
+// reader of 1.x reads every 1.y log, so a minor bump of the codec between a
+// crash and its resume changes nothing a run does.
 func snapshotDiff(stored, now map[string]string) []string {
 	keys := map[string]bool{}
 	for k := range stored {
@@ -219,6 +222,7 @@ func snapshotDiff(stored, now map[string]string) []string {
 		b, inB := now[k]
 		switch {
 		case inA && inB && a == b:
+		case inA && inB && strings.HasSuffix(k, "schema_version") && sameMajor(a, b):
 		case !inA:
 			out = append(out, fmt.Sprintf("%s: absent at start, now %q", k, b))
 		case !inB:
@@ -228,4 +232,11 @@ func snapshotDiff(stored, now map[string]string) []string {
 		}
 	}
 	return out
+}
+
+// sameMajor reports whether two "major.minor" versions share their major.
+func sameMajor(a, b string) bool {
+	ma, _, okA := strings.Cut(a, ".")
+	mb, _, okB := strings.Cut(b, ".")
+	return okA && okB && ma == mb
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -30,15 +31,14 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	}
 	defer release()
 	stream, err := def.Store.Load(ctx, req.RunID)
-	if err != nil {
-		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
-	}
-	if len(stream) == 0 {
-		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, ErrRunNotFound)
-	}
-	verdict, err := recovery.Classify(req.RunID, stream)
-	if err != nil {
+	verdict, err := recovery.ClassifyLoaded(req.RunID, stream, err)
+	switch {
+	case errors.Is(err, recovery.ErrCorrupt):
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, err)
+	case err != nil:
+		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
+	case len(stream) == 0:
+		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, ErrRunNotFound)
 	}
 	if verdict.State == recovery.Finished {
 		return *verdict.Result, nil

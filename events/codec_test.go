@@ -46,26 +46,110 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-// TestWireEncodingIsFrozen protects every record's msgpack bytes: an
-// accidental rename, retag or reorder fails here before it reaches a store.
+// goldenID is the key the golden values are sealed under, in run "run-1".
+var goldenID = ulid.MustParse("01JDQ6Z8Y0000000000000000Z")
+
+// sealed is ev as a store writes it under goldenID in run "run-1".
+func sealed(t *testing.T, ev events.Event) []byte {
+	t.Helper()
+	b, err := events.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Seal(b, "run-1", goldenID); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestWireEncodingIsFrozen protects every record's msgpack bytes, checksum
+// included: an accidental rename, retag or reorder fails here before it
+// reaches a store.
 func TestWireEncodingIsFrozen(t *testing.T) {
 	for i, ev := range everyRecord() {
-		b, err := events.Marshal(ev)
+		golden(t, fmt.Sprintf("wire/%02d_%s.msgpack", i, ev.Kind()), sealed(t, ev))
+	}
+}
+
+// TestSchema10ValuesStillDecode: the values a 1.0 writer stored (no
+// checksum) decode to the same records.
+func TestSchema10ValuesStillDecode(t *testing.T) {
+	files, _ := filepath.Glob("testdata/wire-1.0/*.msgpack")
+	if len(files) != len(everyRecord()) {
+		t.Fatalf("%d 1.0 golden values, want %d", len(files), len(everyRecord()))
+	}
+	for i, ev := range everyRecord() {
+		b, err := os.ReadFile(files[i])
 		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
+			t.Fatal(err)
 		}
-		golden(t, fmt.Sprintf("wire/%02d_%s.msgpack", i, ev.Kind()), b)
+		env, err := events.Unmarshal("anything", goldenID, b)
+		if err != nil {
+			t.Fatalf("%s: %v", files[i], err)
+		}
+		want := withVersion(ev, "1.0")
+		if env.SchemaVersion != "1.0" || !reflect.DeepEqual(env.Event, want) {
+			t.Errorf("%s: decoded %#v, want %#v", files[i], env.Event, want)
+		}
+	}
+}
+
+// withVersion is ev with its nested schema versions set to v.
+func withVersion(ev events.Event, v string) events.Event {
+	switch e := ev.(type) {
+	case events.RunStarted:
+		e.SchemaVersion = v
+		return e
+	case events.StepCompleted:
+		e.Step.SchemaVersion = v
+		return e
+	case events.RunFinished:
+		e.Result.SchemaVersion = v
+		return e
+	}
+	return ev
+}
+
+// TestAChecksumCoversRunKeyAndBytes: a sealed value decodes only under the
+// run and key it was sealed for, and not with any byte changed.
+func TestAChecksumCoversRunKeyAndBytes(t *testing.T) {
+	ev := proptest.SoundStream("run-1")[4]
+	b := sealed(t, ev)
+	if _, err := events.Unmarshal("run-1", goldenID, b); err != nil {
+		t.Fatal(err)
+	}
+	other := goldenID
+	other[15]++
+	if _, err := events.Unmarshal("run-1", other, b); !errors.Is(err, events.ErrChecksum) {
+		t.Errorf("under another key: got %v, want ErrChecksum", err)
+	}
+	if _, err := events.Unmarshal("run-2", goldenID, b); !errors.Is(err, events.ErrChecksum) {
+		t.Errorf("in another run: got %v, want ErrChecksum", err)
+	}
+	accepted := 0
+	for i := range b {
+		for bit := range 8 {
+			c := bytes.Clone(b)
+			c[i] ^= 1 << bit
+			if _, err := events.Unmarshal("run-1", goldenID, c); err == nil {
+				accepted++
+			}
+		}
+	}
+	if accepted > 0 {
+		t.Errorf("%d of %d single-bit flips decoded", accepted, 8*len(b))
+	}
+	unsealed, _ := events.Marshal(ev)
+	if _, err := events.Unmarshal("run-1", goldenID, unsealed); !errors.Is(err, events.ErrChecksum) {
+		t.Errorf("a value never sealed: got %v, want ErrChecksum", err)
 	}
 }
 
 func TestRoundTripEveryRecord(t *testing.T) {
-	id := ulid.MustParse("01JDQ6Z8Y0000000000000000Z")
+	id := goldenID
 	for i, ev := range everyRecord() {
-		b, err := events.Marshal(ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env, err := events.Unmarshal(id, b)
+		b := sealed(t, ev)
+		env, err := events.Unmarshal("run-1", id, b)
 		if err != nil {
 			t.Fatalf("record %d (%s): %v", i, ev.Kind(), err)
 		}
@@ -168,10 +252,17 @@ func TestDecodeRefusesBadInput(t *testing.T) {
 			"payload": map[string]any{"run_id": "r", "result_id": "x", "reply": map[string]any{"content": "a"}, "failure": "b"}}), events.ErrPayloadMismatch},
 		{"unknown stop reason", rawEnvelope(t, map[string]any{"kind": "run_finished", "schema_version": "1.0",
 			"payload": map[string]any{"run_id": "r", "result": map[string]any{"run_id": "r", "stop_reason": "bored", "schema_version": "1.0"}}}), events.ErrPayloadMismatch},
+		{"result without a schema version", rawEnvelope(t, map[string]any{"kind": "run_finished", "schema_version": "1.0",
+			"payload": map[string]any{"run_id": "r", "result": map[string]any{"run_id": "r", "stop_reason": "cancelled"}}}), events.ErrPayloadMismatch},
+		{"step of an unknown major", rawEnvelope(t, map[string]any{"kind": "step_completed", "schema_version": "1.0",
+			"payload": map[string]any{"run_id": "r", "step": map[string]any{"step_idx": 0, "schema_version": "9.9"}}}), events.ErrPayloadMismatch},
+		{"a 1.1 value without a checksum", rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "1.1", "payload": intent}), events.ErrChecksum},
+		{"nested 100,000 arrays deep", append(bytes.Repeat([]byte{0x91}, 100_000), 0xc0), events.ErrMalformed},
+		{"nested 33 maps deep", append(bytes.Repeat([]byte{0x81, 0xa1, 'k'}, 33), 0xc0), events.ErrMalformed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := events.Unmarshal(ulid.ULID{}, c.b)
+			_, err := events.Unmarshal("r", ulid.ULID{}, c.b)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("got %v, want %v", err, c.want)
 			}
@@ -183,10 +274,24 @@ func TestDecodeRefusesBadInput(t *testing.T) {
 	}
 }
 
+// TestDecodeAcceptsNewerMinorAndUnknownFields: a value a later 1.x writer
+// stored (a field this codec does not know, in the envelope and in the
+// payload; the checksum last) decodes.
 func TestDecodeAcceptsNewerMinorAndUnknownFields(t *testing.T) {
-	b := rawEnvelope(t, map[string]any{"kind": "intent", "schema_version": "1.7", "payload": map[string]any{
-		"run_id": "r", "kind": "action", "call_index": 2, "result_id": "x", "replay_policy": "never", "added_later": true}})
-	env, err := events.Unmarshal(ulid.ULID{}, b)
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.EncodeMapLen(5)
+	for _, f := range []any{"kind", "intent", "schema_version", "1.7", "added_later", true, "payload", map[string]any{
+		"run_id": "r", "kind": "action", "call_index": 2, "result_id": "x", "replay_policy": "never", "added_later": true}} {
+		if err := enc.Encode(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := append(buf.Bytes(), 0xa3, 'c', 'r', 'c', 0xce, 0, 0, 0, 0)
+	if err := events.Seal(b, "r", goldenID); err != nil {
+		t.Fatal(err)
+	}
+	env, err := events.Unmarshal("r", goldenID, b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,10 @@ package events
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,8 +16,9 @@ import (
 )
 
 // CurrentSchemaVersion is the codec's schema version, "major.minor". A reader
-// accepts any minor of a major it knows and refuses other majors.
-const CurrentSchemaVersion = "1.0"
+// accepts any minor of a major it knows and refuses other majors. 1.1 added
+// the envelope's checksum.
+const CurrentSchemaVersion = "1.1"
 
 // currentMajor is the major of CurrentSchemaVersion.
 const currentMajor = 1
@@ -46,6 +49,9 @@ var (
 	// ErrPayloadMismatch: the payload does not decode as, or is not a valid,
 	// record of the envelope's kind.
 	ErrPayloadMismatch = errors.New("events: payload does not match its kind")
+	// ErrChecksum: the value's checksum does not match its run id, key and
+	// bytes, or a value of schema 1.1 or later carries none.
+	ErrChecksum = errors.New("events: checksum mismatch")
 )
 
 // DecodeError says why a stored value could not be decoded.
@@ -83,12 +89,36 @@ type wireEnvelope struct {
 	Kind          string             `msgpack:"kind"`
 	SchemaVersion *string            `msgpack:"schema_version"`
 	Payload       msgpack.RawMessage `msgpack:"payload"`
+	CRC           *uint32            `msgpack:"crc"`
 }
 
-type encodeEnvelope struct {
-	Kind          Kind   `msgpack:"kind"`
-	SchemaVersion string `msgpack:"schema_version"`
-	Payload       Event  `msgpack:"payload"`
+// castagnoli is CRC-32C's table, the checksum of pebble's and etcd's logs.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// crcTrailer is how every value since 1.1 ends: the key "crc" and a msgpack
+// uint32 (0xce and four bytes, big-endian) that Seal fills in.
+var crcTrailer = []byte{0xa3, 'c', 'r', 'c', 0xce, 0, 0, 0, 0}
+
+// checksum is the CRC-32C of the run id (length first), the key, and the
+// value's bytes before its checksum: so it covers the kind, the schema
+// version and the payload, and a value moved to another key or run fails.
+func checksum(runID string, id ulid.ULID, body []byte) uint32 {
+	var n [binary.MaxVarintLen64]byte
+	h := crc32.Update(0, castagnoli, n[:binary.PutUvarint(n[:], uint64(len(runID)))])
+	h = crc32.Update(h, castagnoli, []byte(runID))
+	h = crc32.Update(h, castagnoli, id[:])
+	return crc32.Update(h, castagnoli, body)
+}
+
+// Seal writes the checksum of a value from Marshal, stored under key id in
+// runID's stream, into its last four bytes. Stores call it once they have
+// minted the key; Unmarshal verifies it.
+func Seal(b []byte, runID string, id ulid.ULID) error {
+	if len(b) < len(crcTrailer) || !bytes.Equal(b[len(b)-len(crcTrailer):len(b)-4], crcTrailer[:5]) {
+		return errors.New("events: seal: the value does not end with a checksum field (not from Marshal)")
+	}
+	binary.BigEndian.PutUint32(b[len(b)-4:], checksum(runID, id, b[:len(b)-4]))
+	return nil
 }
 
 var encoders = sync.Pool{New: func() any {
@@ -103,7 +133,8 @@ type pooledEncoder struct {
 	enc *msgpack.Encoder
 }
 
-// Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload).
+// Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
+// and a checksum field for Seal to fill in once the value's key is known).
 // It refuses an event that fails Validate, so nothing invalid is written.
 func Marshal(ev Event) ([]byte, error) {
 	if ev == nil {
@@ -115,15 +146,25 @@ func Marshal(ev Event) ([]byte, error) {
 	p := encoders.Get().(*pooledEncoder)
 	defer encoders.Put(p)
 	p.buf.Reset()
-	if err := p.enc.Encode(encodeEnvelope{Kind: ev.Kind(), SchemaVersion: CurrentSchemaVersion, Payload: ev}); err != nil {
+	// The fields in a fixed order, the checksum last.
+	err := p.enc.EncodeMapLen(4)
+	for _, f := range []any{"kind", string(ev.Kind()), "schema_version", CurrentSchemaVersion, "payload", ev} {
+		if err == nil {
+			err = p.enc.Encode(f)
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
 	}
+	p.buf.Write(crcTrailer)
 	return bytes.Clone(p.buf.Bytes()), nil
 }
 
-// Unmarshal decodes a stored value written under key id. Every failure is a
-// *DecodeError; it never panics on arbitrary bytes.
-func Unmarshal(id ulid.ULID, b []byte) (env Envelope, err error) {
+// Unmarshal decodes a stored value written under key id in runID's stream,
+// verifying its checksum. Every failure is a *DecodeError; it never panics
+// on arbitrary bytes. A value of schema 1.0, from before the checksum, is
+// read without one.
+func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
 	fail := func(kind Kind, sentinel error, detail string) (Envelope, error) {
 		return Envelope{}, &DecodeError{ID: id, Kind: kind, Err: sentinel, Detail: detail}
 	}
@@ -148,6 +189,20 @@ func Unmarshal(id ulid.ULID, b []byte) (env Envelope, err error) {
 	if major != currentMajor {
 		return fail(kind, ErrUnknownMajor, fmt.Sprintf("version %q, this codec reads major %d", *w.SchemaVersion, currentMajor))
 	}
+	switch {
+	case w.CRC != nil:
+		// Marshal puts the checksum last; a value whose checksum field is
+		// anywhere else was not written by it.
+		tail := len(b) - len(crcTrailer)
+		if tail < 0 || !bytes.Equal(b[tail:len(b)-4], crcTrailer[:5]) || binary.BigEndian.Uint32(b[len(b)-4:]) != *w.CRC {
+			return fail(kind, ErrChecksum, "the checksum is not the value's last field")
+		}
+		if got := checksum(runID, id, b[:len(b)-4]); got != *w.CRC {
+			return fail(kind, ErrChecksum, fmt.Sprintf("stored %08x, computed %08x for run %q", *w.CRC, got, runID))
+		}
+	case *w.SchemaVersion != "1.0":
+		return fail(kind, ErrChecksum, fmt.Sprintf("a value of schema %s carries no checksum", *w.SchemaVersion))
+	}
 	ev, err := decodePayload(kind, w.Payload)
 	if err != nil {
 		if errors.Is(err, ErrUnknownKind) {
@@ -158,22 +213,113 @@ func Unmarshal(id ulid.ULID, b []byte) (env Envelope, err error) {
 	return Envelope{ID: id, Kind: kind, SchemaVersion: *w.SchemaVersion, Event: ev}, nil
 }
 
-// wellFormed walks b as exactly one msgpack value without building it. The
-// decoder sizes maps and slices from their declared lengths (up to a
-// million elements); walking first proves every declared length is backed
-// by bytes, so a damaged value cannot make decoding allocate far beyond its
-// own size.
+// maxNesting bounds how deep stored values nest: records are a few levels
+// deep, and a damaged value claiming more is refused before any decoder
+// recurses into it.
+const maxNesting = 32
+
+// wellFormed walks b as exactly one msgpack value without building it and
+// without recursion: a stack of counts stands in for the nesting. It
+// proves every declared length is backed by bytes (so a damaged value
+// cannot make decoding allocate far beyond its own size) and that nothing
+// nests deeper than maxNesting (so decoding cannot exhaust the stack).
 func wellFormed(b []byte) error {
-	r := bytes.NewReader(b)
-	// A fresh decoder, not a pooled one: skipping a bogus length grows the
-	// decoder's buffer by up to a megabyte, and a pooled decoder would keep
-	// growing with every damaged value it met.
-	d := msgpack.NewDecoder(r)
-	if err := d.Skip(); err != nil {
-		return err
+	pending := make([]uint64, 1, 8) // values still to read, per level
+	pending[0] = 1
+	i := 0
+	for len(pending) > 0 {
+		top := len(pending) - 1
+		if pending[top] == 0 {
+			pending = pending[:top]
+			continue
+		}
+		pending[top]--
+		if i >= len(b) {
+			return errors.New("the value ends early")
+		}
+		c := b[i]
+		i++
+		// width: bytes of a length field; skip: bytes to pass; items:
+		// nested values that follow.
+		var width int
+		var skip, items uint64
+		switch {
+		case c <= 0x7f || c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3: // fixint, nil, bool
+		case c <= 0x8f:
+			items = 2 * uint64(c&0x0f)
+		case c <= 0x9f:
+			items = uint64(c & 0x0f)
+		case c <= 0xbf:
+			skip = uint64(c & 0x1f)
+		case c == 0xc1:
+			return errors.New("reserved byte 0xc1")
+		case c <= 0xc6: // bin 8/16/32
+			width = 1 << (c - 0xc4)
+		case c <= 0xc9: // ext 8/16/32: length, then a type byte
+			width, skip = 1<<(c-0xc7), 1
+		case c <= 0xcb: // float 32/64
+			skip = 4 << (c - 0xca)
+		case c <= 0xd3: // uint, int 8..64
+			skip = 1 << ((c - 0xcc) % 4)
+		case c <= 0xd8: // fixext 1..16 and a type byte
+			skip = 1 + 1<<(c-0xd4)
+		case c <= 0xdb: // str 8/16/32
+			width = 1 << (c - 0xd9)
+		case c <= 0xdd: // array 16/32
+			width = 2 << (c - 0xdc)
+		default: // map 16/32
+			width = 2 << (c - 0xde)
+		}
+		if width > 0 {
+			if len(b)-i < width {
+				return errors.New("the value ends inside a length")
+			}
+			var n uint64
+			for _, x := range b[i : i+width] {
+				n = n<<8 | uint64(x)
+			}
+			i += width
+			switch {
+			case c >= 0xdc && c <= 0xdd:
+				items = n
+			case c >= 0xde:
+				items = 2 * n
+			default:
+				skip += n
+			}
+		}
+		if skip > uint64(len(b)-i) {
+			return fmt.Errorf("a length of %d bytes runs past the value's end", skip)
+		}
+		i += int(skip)
+		if items > 0 {
+			if items > uint64(len(b)-i) {
+				return fmt.Errorf("%d nested values cannot fit in the %d bytes left", items, len(b)-i)
+			}
+			if len(pending) >= maxNesting {
+				return fmt.Errorf("values nest deeper than %d levels", maxNesting)
+			}
+			pending = append(pending, items)
+		}
 	}
-	if r.Len() > 0 {
-		return fmt.Errorf("%d bytes after the envelope", r.Len())
+	if i < len(b) {
+		return fmt.Errorf("%d bytes after the envelope", len(b)-i)
+	}
+	return nil
+}
+
+// checkVersion refuses a nested schema version that is missing or of a
+// major this codec does not read.
+func checkVersion(field, v string) error {
+	if v == "" {
+		return fmt.Errorf("%s is missing", field)
+	}
+	major, err := majorOf(v)
+	if err != nil {
+		return fmt.Errorf("%s: %w", field, err)
+	}
+	if major != currentMajor {
+		return fmt.Errorf("%s %q is of a major this codec does not read (%d)", field, v, currentMajor)
 	}
 	return nil
 }

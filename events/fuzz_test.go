@@ -26,7 +26,7 @@ func FuzzUnmarshal(f *testing.F) {
 	}
 	id := ulid.MustParse("01JDQ6Z8Y0000000000000000Z")
 	f.Fuzz(func(t *testing.T, b []byte) {
-		env, err := events.Unmarshal(id, b)
+		env, err := events.Unmarshal("run-1", id, b)
 		if err != nil {
 			return
 		}
@@ -34,7 +34,10 @@ func FuzzUnmarshal(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decoded event does not re-encode: %v", err)
 		}
-		env2, err := events.Unmarshal(id, again)
+		if err := events.Seal(again, "run-1", id); err != nil {
+			t.Fatal(err)
+		}
+		env2, err := events.Unmarshal("run-1", id, again)
 		if err != nil {
 			t.Fatalf("re-encoded event does not decode: %v", err)
 		}

@@ -99,10 +99,8 @@ func (s StepRecord) Validate() error {
 		return errors.New("step.call_id is the empty string (absent is null)")
 	case s.ActionStatus != nil && !s.ActionStatus.Valid():
 		return fmt.Errorf("step.action_status %q is not a valid status", *s.ActionStatus)
-	case s.SchemaVersion == "":
-		return errors.New("step.schema_version is missing")
 	}
-	return nil
+	return checkVersion("step.schema_version", s.SchemaVersion)
 }
 
 // RunResult is how a run ended.
@@ -189,10 +187,7 @@ func (e RunStarted) Validate() error {
 	if err := requireRunID(e.RunID); err != nil {
 		return err
 	}
-	if e.SchemaVersion == "" {
-		return errors.New("schema_version is missing")
-	}
-	return nil
+	return checkVersion("schema_version", e.SchemaVersion)
 }
 
 // Validate implements Event.
@@ -256,5 +251,5 @@ func (e RunFinished) Validate() error {
 	case e.Result.EventDeliveryFailures < 0:
 		return errors.New("result.event_delivery_failures is negative")
 	}
-	return nil
+	return checkVersion("result.schema_version", e.Result.SchemaVersion)
 }

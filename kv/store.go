@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
-	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
@@ -86,6 +85,7 @@ type Store struct {
 	ids      events.IDSource
 	release  func() // ends this process's claim on the file
 	report   fileReport
+	clock    func() time.Time // time.Now; tests set a clock that is off
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
@@ -295,7 +295,7 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		// The file check passed, so this is unexpected: report it as damage.
 		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
-	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep}
+	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now}
 	if s.maxGroup <= 0 {
 		s.maxGroup = 1024
 	}
@@ -521,13 +521,9 @@ func (s *Store) commit(group []*appendRequest) {
 // written nothing.
 func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 	key := []byte(r.runID)
-	var info RunInfo
-	started := false
-	if v := index.Get(key); v != nil {
-		if err := msgpack.Unmarshal(v, &info); err != nil {
-			return fmt.Errorf("%w: index entry of run %q: %v", ErrCorrupt, r.runID, err)
-		}
-		started = true
+	info, started, err := readInfo(index, key)
+	if err != nil {
+		return err
 	}
 	b := runs.Bucket(key)
 	var tail ulid.ULID
@@ -539,8 +535,8 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 			tail = ulid.ULID(k)
 		}
 	}
-	if started != (tail != ulid.ULID{}) {
-		return fmt.Errorf("%w: run %q: its index entry and its stream disagree on whether it exists", ErrCorrupt, r.runID)
+	if started != (tail != ulid.ULID{}) || info.LastID != (ulid.ULID{}) && info.LastID != tail {
+		return fmt.Errorf("%w: run %q: its index entry and its stream disagree on its last event", ErrCorrupt, r.runID)
 	}
 	if err := seams.CheckAppend(r.runID, tail, info.Status == StatusFinished, r.after, r.evs); err != nil {
 		return err
@@ -565,21 +561,20 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 	if !started {
 		info = RunInfo{RunID: r.runID, Status: StatusRunning}
 	}
-	now := time.Now()
+	now := s.clock()
 	envs := make([]events.Envelope, len(r.evs))
 	for i, ev := range r.evs {
 		tail = s.ids.NextAfter(now, tail)
+		if err := events.Seal(r.vals[i], r.runID, tail); err != nil {
+			return &writeError{err}
+		}
 		if err := b.Put(tail[:], r.vals[i]); err != nil {
 			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
 		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.observe(envs[i])
 	}
-	v, err := msgpack.Marshal(&info)
-	if err != nil {
-		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
-	}
-	if err := index.Put(key, v); err != nil {
+	if err := writeInfo(index, info); err != nil {
 		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
 	}
 	r.envs = envs
@@ -593,8 +588,12 @@ type writeError struct{ err error }
 func (e *writeError) Error() string { return e.err.Error() }
 func (e *writeError) Unwrap() error { return e.err }
 
-// Load implements seams.RunStore. A value that does not decode makes Load
-// fail with an error wrapping every *events.DecodeError of the stream.
+// Load implements seams.RunStore. Every value's checksum is verified, and
+// the stream is checked against its index entry (the run exists in both or
+// neither; as many events as the entry counts; the last key it names).
+// When anything is wrong Load returns the events that did decode together
+// with an error wrapping ErrCorrupt and an *events.DamageError listing
+// every problem.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -603,40 +602,67 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 		return nil, err
 	}
 	var out []events.Envelope
+	var bad []error
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
-			runs := tx.Bucket(runsBucket)
-			if runs == nil {
-				return nil // an empty read-only store
+			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
+			if runs == nil || index == nil {
+				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
 			}
-			b := runs.Bucket([]byte(runID))
-			if b == nil {
+			key := []byte(runID)
+			info, indexed, err := readInfo(index, key)
+			if err != nil {
+				bad = append(bad, err)
+			}
+			b := runs.Bucket(key)
+			switch {
+			case b == nil && indexed:
+				bad = append(bad, fmt.Errorf("the index lists run %q but its stream is missing", runID))
 				return nil
+			case b == nil:
+				return nil // never written
+			case !indexed:
+				bad = append(bad, fmt.Errorf("run %q has a stream but no index entry", runID))
 			}
-			var bad []error
 			c := b.Cursor()
+			n := 0
+			var last ulid.ULID
 			for k, v := c.First(); k != nil; k, v = c.Next() {
+				n++
 				if len(k) != len(ulid.ULID{}) {
-					bad = append(bad, fmt.Errorf("%w: run %q: key %x is not a ULID", ErrCorrupt, runID, k))
+					bad = append(bad, fmt.Errorf("key %x is not a ULID", k))
 					continue
 				}
-				env, err := events.Unmarshal(ulid.ULID(k), v) // decoding copies what it keeps
+				last = ulid.ULID(k)
+				env, err := events.Unmarshal(runID, last, v) // decoding copies what it keeps
 				if err != nil {
 					bad = append(bad, err)
 					continue
 				}
 				out = append(out, env)
 			}
-			return errors.Join(bad...)
+			if indexed && err == nil {
+				if n != info.Events {
+					bad = append(bad, fmt.Errorf("the stream holds %d events, its index entry counts %d: events are missing or were added", n, info.Events))
+				}
+				if info.LastID != (ulid.ULID{}) && last != info.LastID {
+					bad = append(bad, fmt.Errorf("the stream's last event is %s, its index entry names %s: the tail is missing or was added", last, info.LastID))
+				}
+			}
+			return nil
 		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: load run %q: %w", runID, err)
 	}
+	if len(bad) > 0 {
+		return out, fmt.Errorf("kv: load run %q: %w: %w", runID, ErrCorrupt, &events.DamageError{RunID: runID, Problems: bad})
+	}
 	return out, nil
 }
 
-// Runs lists every run in the index, ordered by run id.
+// Runs lists every run in the index, ordered by run id. An entry that is
+// damaged is listed with StatusDamaged.
 func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -652,9 +678,9 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 				return nil
 			}
 			return index.ForEach(func(k, v []byte) error {
-				var info RunInfo
-				if err := msgpack.Unmarshal(v, &info); err != nil {
-					return fmt.Errorf("%w: index entry of run %q: %v", ErrCorrupt, k, err)
+				info, err := decodeInfo(k, v)
+				if err != nil {
+					info = RunInfo{RunID: string(k), Status: StatusDamaged}
 				}
 				out = append(out, info)
 				return nil

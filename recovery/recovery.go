@@ -125,6 +125,27 @@ func Classify(runID string, stream []events.Envelope) (Verdict, error) {
 	return v, nil
 }
 
+// ClassifyLoaded is Classify for what a store's Load returned: when loadErr
+// wraps an *events.DamageError (values that did not decode or failed their
+// checksum, events missing), the log is corrupt, and the *CorruptError lists
+// every damaged value and every structural problem of what did decode. Any
+// other loadErr is a store failure and is returned as it is.
+func ClassifyLoaded(runID string, stream []events.Envelope, loadErr error) (Verdict, error) {
+	if loadErr == nil {
+		return Classify(runID, stream)
+	}
+	var damage *events.DamageError
+	if !errors.As(loadErr, &damage) {
+		return Verdict{}, loadErr
+	}
+	reasons := make([]string, 0, len(damage.Problems))
+	for _, p := range damage.Problems {
+		reasons = append(reasons, "damaged: "+p.Error())
+	}
+	reasons = append(reasons, walk(runID, stream).reasons...)
+	return Verdict{}, &CorruptError{RunID: runID, Reasons: reasons}
+}
+
 // Check reports whether runID's stream is structurally sound: nil, or a
 // *CorruptError listing every reason.
 func Check(runID string, stream []events.Envelope) error {
@@ -279,6 +300,8 @@ func (w *walker) stepCompleted(i int, env events.Envelope, ev events.StepComplet
 		bad(i, env, "step result %q does not match the action intent's %q", ev.ResultID, w.action.ResultID)
 	case ev.ResultID == "" && w.action != nil:
 		bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", w.step)
+	case ev.ResultID != "" && ev.ActionOutcome == nil:
+		bad(i, env, "step %d closes action intent %q without an outcome", w.step, ev.ResultID)
 	}
 	w.steps = append(w.steps, ev.Step)
 	w.step++

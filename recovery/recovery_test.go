@@ -2,6 +2,7 @@ package recovery_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,8 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 		{"step result without action intent", cat(s[:3], s[4:5]), "without an action intent"},
 		{"action intent but step has no result id", cat(s[:4], one(events.StepCompleted{RunID: "r",
 			Step: events.StepRecord{StepIdx: 0, SchemaVersion: v}})), "has no result_id"},
+		{"action intent closed without an outcome", cat(s[:4], one(events.StepCompleted{RunID: "r", ResultID: "r0a",
+			Step: events.StepRecord{StepIdx: 0, SchemaVersion: v}})), "without an outcome"},
 		{"step completed before its model result", cat(s[:2], one(events.StepCompleted{RunID: "r",
 			Step: events.StepRecord{StepIdx: 0, SchemaVersion: v}})), "without a model result"},
 		{"event of another run", cat(s[:1], proptest.SoundStream("other")[1:2]), "belongs to run"},
@@ -162,6 +165,13 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 			}
 		})
 	}
+	t.Run("keys out of order", func(t *testing.T) {
+		stream := prefix(5)
+		stream[2].ID, stream[3].ID = stream[3].ID, stream[2].ID
+		if err := recovery.Check("r", stream); err == nil || !strings.Contains(err.Error(), "key is not after") {
+			t.Fatalf("got %v", err)
+		}
+	})
 	t.Run("every reason is listed", func(t *testing.T) {
 		err := recovery.Check("r", stamp(cat(s[1:2], s[:1], s[2:3], s[2:3])))
 		var ce *recovery.CorruptError
@@ -196,5 +206,31 @@ func TestPlanForIsTheTable(t *testing.T) {
 		if got := recovery.PlanFor(c.state, c.policy); got != c.want {
 			t.Errorf("PlanFor(%s, %s) = %q, want %q", c.state, c.policy, got, c.want)
 		}
+	}
+}
+
+// TestDamageIsACorruptionReason: what a store could not decode is listed
+// in the *CorruptError beside the structural problems of what it could; a
+// store failure stays a store failure.
+func TestDamageIsACorruptionReason(t *testing.T) {
+	stream := prefix(5)
+	damage := &events.DamageError{RunID: "r", Problems: []error{
+		&events.DecodeError{ID: stream[2].ID, Err: events.ErrChecksum, Detail: "stored 1, computed 2"},
+	}}
+	loaded := append(stream[:2:2], stream[3:]...) // the damaged value is missing
+	_, err := recovery.ClassifyLoaded("r", loaded, fmt.Errorf("kv: load run: %w", damage))
+	var ce *recovery.CorruptError
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v, want a *CorruptError", err)
+	}
+	if len(ce.Reasons) < 2 || !strings.Contains(ce.Reasons[0], "checksum mismatch") || !strings.Contains(err.Error(), "without a model reply") {
+		t.Fatalf("reasons %q do not list the damage and the gap it left", ce.Reasons)
+	}
+	failure := errors.New("disk unplugged")
+	if _, err := recovery.ClassifyLoaded("r", nil, failure); err != failure {
+		t.Fatalf("a store failure came back as %v", err)
+	}
+	if v, err := recovery.ClassifyLoaded("r", stream, nil); err != nil || v.State != recovery.BetweenSteps {
+		t.Fatalf("a sound load: %+v, %v", v, err)
 	}
 }

@@ -63,6 +63,9 @@ func (m *MemStore) Append(ctx context.Context, runID string, after ulid.ULID, ev
 	envs := make([]events.Envelope, len(evs))
 	for i, ev := range evs {
 		tail = m.ids.NextAfter(now, tail)
+		if err := events.Seal(vals[i], runID, tail); err != nil {
+			return nil, err
+		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		stream = append(stream, stored{env: envs[i], val: vals[i]})
 	}
@@ -80,12 +83,17 @@ func (m *MemStore) Load(ctx context.Context, runID string) ([]events.Envelope, e
 	stream := m.streams[runID]
 	m.mu.Unlock()
 	out := make([]events.Envelope, 0, len(stream))
+	var bad []error
 	for _, s := range stream {
-		env, err := events.Unmarshal(s.env.ID, s.val)
+		env, err := events.Unmarshal(runID, s.env.ID, s.val)
 		if err != nil {
-			return nil, err
+			bad = append(bad, err)
+			continue
 		}
 		out = append(out, env)
+	}
+	if len(bad) > 0 {
+		return out, &events.DamageError{RunID: runID, Problems: bad}
 	}
 	return out, nil
 }
