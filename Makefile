@@ -6,7 +6,7 @@ COUNT   ?= 5
 
 FUZZTIME ?= 60s
 
-.PHONY: build test check prop bench demo ci fuzz
+.PHONY: build test check prop bench demo ci fuzz damage
 
 build:
 	$(GO) build $(PKGS)
@@ -22,6 +22,11 @@ check:
 # Property tests with a hundred times CI's generated cases.
 prop:
 	$(GO) test -count=1 -run 'Property' ./proptest -rapid.checks=100000 -v
+
+# The whole damage corpus (CI runs a sample of it in make test): every
+# damaged copy of a store opened read-only and read-write in a child process.
+damage:
+	$(GO) test -count=1 -run '^TestDamageCorpus$$' ./proptest -damage.all -v -timeout 60m
 
 # Each fuzz target for a bounded time; the committed corpora under
 # testdata/fuzz also run as ordinary tests in make test.

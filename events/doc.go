@@ -15,6 +15,30 @@
 // for it), whose major version is unknown, whose kind is unknown, or whose
 // payload does not match its kind.
 //
+// # Checksums (schema 1.1)
+//
+// Every value ends with a fourth field, "crc": a msgpack uint32 holding the
+// CRC-32C (Castagnoli, the checksum of pebble's record format and etcd's
+// WAL) of the run id (length first), the key, and every byte of the value
+// before the checksum — so it covers the kind, the schema version and the
+// payload, and a value moved under another key or into another run fails
+// too. Marshal leaves it zero; the store calls Seal once it has minted the
+// key, and Unmarshal verifies it (ErrChecksum). bbolt checksums only its
+// meta pages; without this, a flipped bit in a page would read back as a
+// different observation, tool argument or result id. Values of schema 1.0,
+// written before, carry no checksum and are read as they are; a value of
+// 1.1 or later without one is refused. Nested schema versions (a step
+// record's, a result's, run_started's) must be present and of a known major.
+//
+// Decoding first walks the value without recursion (a stack of counts),
+// proving every declared length is backed by bytes and that nothing nests
+// deeper than 32 levels, so a damaged value can neither make decoding
+// allocate far beyond its size nor exhaust the stack.
+//
+// DamageError is how a store reports a stream it could not load whole: the
+// problems (decode errors naming each key, events missing) beside the
+// events that did decode; package recovery lists them as corruption.
+//
 // # Absent values
 //
 // Fields the specification allows to be absent are pointers in StepRecord and

@@ -29,6 +29,19 @@
 // engine passes appends that must not be lost a context detached from the
 // run's, see engine's doc on cancellation).
 //
+// # Checksums and anchors
+//
+// Each value is sealed with its CRC-32C once its key is minted (see package
+// events). Each run's index entry carries the stream's length and last key
+// and a CRC-32C of its own, all written in the transaction that appends, so
+// Load can tell a stream that lost an event — in the middle or at the tail,
+// which no per-value checksum or chain could see — and an index entry that
+// was altered. Load verifies every value and both anchors, and that the
+// run has a stream and an index entry or neither; it reports every problem
+// at once (an *events.DamageError beside the events that decoded). Runs
+// lists a damaged entry, and a stream whose entry is gone, as
+// StatusDamaged.
+//
 // # Tails and keys
 //
 // Append checks the tail its caller names against the run bucket's last

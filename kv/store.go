@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -662,7 +664,8 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 }
 
 // Runs lists every run in the index, ordered by run id. An entry that is
-// damaged is listed with StatusDamaged.
+// damaged, and a stream whose entry is missing, are listed with
+// StatusDamaged.
 func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -673,18 +676,31 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	var out []RunInfo
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
-			index := tx.Bucket(indexBucket)
-			if index == nil {
-				return nil
+			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
+			if runs == nil || index == nil {
+				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
 			}
-			return index.ForEach(func(k, v []byte) error {
+			if err := index.ForEach(func(k, v []byte) error {
 				info, err := decodeInfo(k, v)
 				if err != nil {
 					info = RunInfo{RunID: string(k), Status: StatusDamaged}
 				}
 				out = append(out, info)
 				return nil
+			}); err != nil {
+				return err
+			}
+			// A stream whose index entry is lost is listed too, damaged.
+			var orphans []RunInfo
+			err := runs.ForEach(func(k, _ []byte) error {
+				if index.Get(k) == nil {
+					orphans = append(orphans, RunInfo{RunID: string(k), Status: StatusDamaged})
+				}
+				return nil
 			})
+			out = append(out, orphans...)
+			slices.SortFunc(out, func(a, b RunInfo) int { return strings.Compare(a.RunID, b.RunID) })
+			return err
 		})
 	})
 	if err != nil {

@@ -119,7 +119,8 @@ func TestRealCrashSIGKILL(t *testing.T) {
 
 	child := func(runID, execLog string) (*exec.Cmd, *strings.Builder) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childStoreEnv+"="+storePath, childRunEnv+"="+runID, childExecEnv+"="+execLog)
+		cmd.Env = append(os.Environ(), childStoreEnv+"="+storePath, childRunEnv+"="+runID, childExecEnv+"="+execLog,
+			"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {

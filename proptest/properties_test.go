@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childStoreEnv) != "" {
 		os.Exit(runKillChild())
 	}
+	if os.Getenv(damageChildEnv) != "" {
+		os.Exit(runDamageChild())
+	}
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })

@@ -31,7 +31,11 @@ import (
 //
 // Load returns runID's whole stream in order; a run never written is an
 // empty stream and no error. A store failure is always an error, never an
-// empty stream. The returned slice belongs to the caller.
+// empty stream. A stream that is damaged (values that do not decode or fail
+// their checksum, events missing) is an error wrapping *events.DamageError,
+// returned together with the events that did decode, so recovery can list
+// everything wrong (recovery.ClassifyLoaded). The returned slice belongs to
+// the caller.
 type RunStore interface {
 	Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error)
 	Load(ctx context.Context, runID string) ([]events.Envelope, error)

@@ -13,10 +13,7 @@ import (
 // runStatus is a run's status for listings, from recovery's verdict.
 func runStatus(s *kv.Store, runID string) (status string, verdict recovery.Verdict, err error) {
 	stream, err := s.Load(context.Background(), runID)
-	if err != nil {
-		return "corrupt", recovery.Verdict{}, err
-	}
-	v, err := recovery.Classify(runID, stream)
+	v, err := recovery.ClassifyLoaded(runID, stream, err)
 	switch {
 	case err != nil:
 		return "corrupt", v, err

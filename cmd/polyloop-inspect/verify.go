@@ -38,10 +38,7 @@ func verifyCommand(w io.Writer, args []string, _ bool) int {
 			corrupt++
 			continue
 		}
-		var v recovery.Verdict
-		if err == nil {
-			v, err = recovery.Classify(id, stream)
-		}
+		v, err := recovery.ClassifyLoaded(id, stream, err)
 		if err != nil {
 			corrupt++
 			reasons := strings.Split(err.Error(), "\n")

@@ -1,0 +1,59 @@
+package proptest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+)
+
+// Damaged is one damaged copy of a store file.
+type Damaged struct {
+	Name  string
+	Bytes []byte
+	// Torn marks a copy taken while a writer wrote: its runs may hold a
+	// prefix of what was finally written.
+	Torn bool
+}
+
+// DamageCorpus derives damaged copies of a sound bbolt store file, the
+// ways disks and careless copies damage files: a bit flipped at every
+// 64th byte (a different bit each time), the file truncated at and inside
+// every page, each page zeroed, and each field of both meta pages damaged.
+func DamageCorpus(file []byte) ([]Damaged, error) {
+	if len(file) < 64 {
+		return nil, fmt.Errorf("proptest: a %d-byte file is no bbolt store", len(file))
+	}
+	ps := int(binary.NativeEndian.Uint32(file[16+8:])) // the first meta page's page size
+	if ps < 1024 || len(file)%ps != 0 {
+		return nil, fmt.Errorf("proptest: page size %d does not fit a %d-byte file", ps, len(file))
+	}
+	var out []Damaged
+	add := func(name string, b []byte) { out = append(out, Damaged{Name: name, Bytes: b}) }
+	for off := 0; off < len(file); off += 64 {
+		b := bytes.Clone(file)
+		bit := off / 64 % 8
+		b[off] ^= 1 << bit
+		add(fmt.Sprintf("bit %d of byte %d flipped", bit, off), b)
+	}
+	for p := 0; p < len(file)/ps; p++ {
+		add(fmt.Sprintf("truncated at page %d", p), bytes.Clone(file[:p*ps]))
+		add(fmt.Sprintf("truncated inside page %d", p), bytes.Clone(file[:p*ps+ps/2]))
+		b := bytes.Clone(file)
+		clear(b[p*ps : (p+1)*ps])
+		add(fmt.Sprintf("page %d zeroed", p), b)
+	}
+	// bbolt's meta page: a 16-byte page header, then magic, version, page
+	// size, flags, root, sequence, freelist, high-water mark, txid, checksum.
+	for m := range 2 {
+		for _, f := range []struct {
+			name string
+			off  int
+		}{{"magic", 16}, {"page size", 16 + 8}, {"root", 16 + 16}, {"freelist", 16 + 32},
+			{"high-water mark", 16 + 40}, {"txid", 16 + 48}, {"checksum", 16 + 56}} {
+			b := bytes.Clone(file)
+			b[m*ps+f.off] ^= 0x11
+			add(fmt.Sprintf("meta page %d: %s damaged", m, f.name), b)
+		}
+	}
+	return out, nil
+}
