@@ -3,7 +3,9 @@ package kv_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,4 +147,56 @@ func TestASecondOpenInThisProcessSaysSo(t *testing.T) {
 		t.Fatalf("after the readers closed: %v", err)
 	}
 	w.Close()
+}
+
+// TestADamagedNewestMetaPageIsRefusedNotRolledBack: bbolt would fall back
+// to the older meta page and silently drop the last transaction (with a
+// durable never intent as that tail, Resume would execute it again). Open
+// refuses, naming the page; AllowMetaRollback accepts and reports it.
+func TestADamagedNewestMetaPageIsRefusedNotRolledBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := proptest.SoundStream("r")
+	envs, err := s.Append(context.Background(), "r", ulid.ULID{}, stream[:3]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(context.Background(), "r", envs[2].ID, stream[3]); err != nil { // the never action intent
+		t.Fatal(err)
+	}
+	s.Close()
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := int(binary.NativeEndian.Uint32(file[16+8:]))
+	txid := func(page int) uint64 { return binary.NativeEndian.Uint64(file[page*ps+16+48:]) }
+	newest := 0
+	if txid(1) > txid(0) {
+		newest = 1
+	}
+	file[newest*ps+16+56] ^= 0x01 // its checksum
+	if err := os.WriteFile(path, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ro := range []bool{true, false} {
+		_, err := kv.Open(path, kv.Options{ReadOnly: ro})
+		if !errors.Is(err, kv.ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("meta page %d", newest)) {
+			t.Fatalf("read-only %t: got %v, want ErrCorrupt naming meta page %d", ro, err, newest)
+		}
+	}
+	s, err = kv.Open(path, kv.Options{ReadOnly: true, AllowMetaRollback: true})
+	if err != nil {
+		t.Fatalf("AllowMetaRollback: %v", err)
+	}
+	defer s.Close()
+	if !strings.Contains(s.MetaRollback(), fmt.Sprintf("meta page %d", newest)) {
+		t.Fatalf("MetaRollback() = %q, want it to name meta page %d", s.MetaRollback(), newest)
+	}
+	if got, err := s.Load(context.Background(), "r"); err != nil || len(got) != 3 {
+		t.Fatalf("after the rollback the run holds %d events (%v), want the 3 of the older transaction", len(got), err)
+	}
 }

@@ -130,7 +130,7 @@ func openStore(w io.Writer, path string) (*kv.Store, bool) {
 	s, err := kv.Open(path, kv.Options{ReadOnly: true, LockTimeout: lockWait})
 	if err != nil {
 		if errors.Is(err, kv.ErrLocked) {
-			fmt.Fprintf(w, "error: %s is held for writing by another process (waited %s); stop it or retry\n", path, lockWait)
+			fmt.Fprintf(w, "error: %s is held for writing: %v; stop the writer or retry\n", path, err)
 		} else {
 			fmt.Fprintf(w, "error: %v\n", err)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
@@ -163,9 +164,9 @@ func TestTranscripts(t *testing.T) {
 	}
 }
 
-// TestHeldStoreGivesAClearMessage: a store open for writing (by this
-// process, which the lock treats like any other) is reported after a
-// bounded wait, not waited on forever.
+// TestHeldStoreGivesAClearMessage: a store open for writing is reported
+// with who holds it (here: this process; kv's tests hold it from another),
+// not waited on forever.
 func TestHeldStoreGivesAClearMessage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "held.db")
 	s, err := kv.Open(path, kv.Options{})
@@ -180,7 +181,7 @@ func TestHeldStoreGivesAClearMessage(t *testing.T) {
 	if code := run([]string{"runs", path}, &out, &out); code != exitProblem {
 		t.Fatalf("exit %d", code)
 	}
-	if !strings.Contains(out.String(), "held for writing by another process") {
+	if !strings.Contains(out.String(), "held for writing") || !strings.Contains(out.String(), "this process") {
 		t.Fatalf("message: %s", out.String())
 	}
 }
@@ -214,5 +215,33 @@ func TestEscapeNeutralisesTerminalSequences(t *testing.T) {
 		if got := escape(in); got != want {
 			t.Errorf("escape(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestVerifyRefusesAStoredValueThatWasAltered: one byte of one stored
+// value changed (bbolt's structure intact): verify names the damaged event
+// and exits 1, as Resume would refuse.
+func TestVerifyRefusesAStoredValueThatWasAltered(t *testing.T) {
+	path := fixtureStore(t)
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("runs")).Bucket([]byte("a-finished"))
+		k, v := b.Cursor().First()
+		v = bytes.Replace(v, []byte("a-finished"), []byte("a-finishee"), 1)
+		return b.Put(append([]byte(nil), k...), v)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := run([]string{"verify", path, "a-finished"}, &out, &out); code != exitProblem {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	if !strings.Contains(out.String(), "corrupt") || !strings.Contains(out.String(), "checksum mismatch") {
+		t.Fatalf("verify does not report the damage:\n%s", out.String())
 	}
 }
