@@ -36,7 +36,7 @@ fuzz:
 
 # Benchmarks beside the raw bbolt floor; see BENCHMARKS.md.
 bench:
-	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./kv ./engine > bench.out
+	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./events ./kv ./engine > bench.out
 	$(GO) run ./cmd/polyloop-benchtable < bench.out
 
 # The main job: a demo run on a store file in the working directory, then an
