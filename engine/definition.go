@@ -3,9 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
 	"strings"
 
 	"github.com/polyloop/polyloop/seams"
@@ -89,45 +87,31 @@ func isNil(v any) bool {
 
 // ParameterSnapshot merges the seams' parameters, prefixed by seam (model.,
 // parser., store., events.), with the three synthetic texts. It fails when
-// the definition is incomplete or a key is reported twice with different
-// values.
+// the definition is incomplete. (No key can be reported twice: each source
+// is a map, filed under a prefix of its own.)
 func (d Definition) ParameterSnapshot() (map[string]string, error) {
 	if err := d.validate(); err != nil {
 		return nil, err
 	}
 	s := d.Synthetic.withDefaults()
 	out := map[string]string{}
-	var conflicts []string
-	merge(out, "model.", d.Model.Parameters(), &conflicts)
-	merge(out, "parser.", d.Parser.Parameters(), &conflicts)
-	merge(out, "store.", d.Store.Parameters(), &conflicts)
+	prefixed(out, "model.", d.Model.Parameters())
+	prefixed(out, "parser.", d.Parser.Parameters())
+	prefixed(out, "store.", d.Store.Parameters())
 	if d.Events != nil {
-		merge(out, "events.", d.Events.Parameters(), &conflicts)
+		prefixed(out, "events.", d.Events.Parameters())
 	}
-	merge(out, "synthetic.", map[string]string{
+	prefixed(out, "synthetic.", map[string]string{
 		"action_rejected": s.ActionRejected, "env_failed": s.EnvFailed, "model_call_failed": s.ModelCallFailed,
-	}, &conflicts)
-	return out, conflictError(conflicts)
+	})
+	return out, nil
 }
 
-// merge copies src into dst under prefix, noting keys already present with
-// a different value.
-func merge(dst map[string]string, prefix string, src map[string]string, conflicts *[]string) {
-	for _, k := range slices.Sorted(maps.Keys(src)) {
-		key, v := prefix+k, src[k]
-		if old, ok := dst[key]; ok && old != v {
-			*conflicts = append(*conflicts, fmt.Sprintf("%s: %q vs %q", key, old, v))
-			continue
-		}
-		dst[key] = v
+// prefixed copies src into dst, each key under prefix.
+func prefixed(dst map[string]string, prefix string, src map[string]string) {
+	for k, v := range src {
+		dst[prefix+k] = v
 	}
-}
-
-func conflictError(conflicts []string) error {
-	if len(conflicts) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %s", ErrParameterConflict, strings.Join(conflicts, "; "))
 }
 
 // Errors of Run and Resume.
@@ -140,8 +124,6 @@ var (
 	ErrInvalidDefinition = errors.New("engine: invalid definition")
 	// ErrInvalidRequest: a Request was rejected; the message names the field.
 	ErrInvalidRequest = errors.New("engine: invalid request")
-	// ErrParameterConflict: one parameter key was reported with two values.
-	ErrParameterConflict = errors.New("engine: conflicting parameter")
 	// ErrRunBusy: another driver holds the run or continued it first. Either
 	// the store's run lock (seams.RunLocker) was held, and this driver read
 	// and executed nothing, or an append found that the stream's tail had

@@ -81,13 +81,28 @@
 //   - A tool call when Request.Tools is nil is rejected like an unknown tool.
 //   - step_wall_ms runs from the moment the step's model intent was durable
 //     (its ULID time) to the StepCompleted, so it survives a resume.
-//   - Injected entry ids are part of the parameter snapshot (injections.*):
-//     resuming with other skills would change the prompt.
+//   - Injected entry ids are recorded in the parameter snapshot
+//     (injections.<channel> = the ids in order), not in the trajectory as
+//     SPEC §5 says. This amends the specification: the StepRecord has
+//     exactly eighteen frozen fields, and the ids are the same for every
+//     step of a run, so a per-step copy would only repeat them; and in the
+//     snapshot they do work — resuming with other skills would send the
+//     model a different prompt than the crashed run's, which Resume refuses
+//     like any other changed parameter.
 //   - A run cancelled while a side effect is in flight finishes with that
 //     intent unanswered; recovery accepts that for cancelled and
-//     resume_state_unknown. EventDeliveryFailures counts this process's
-//     deliveries; the stored value misses a failure to deliver RunFinished
-//     itself.
+//     resume_state_unknown.
+//   - A run has one result: the one stored in RunFinished, which Run
+//     returns, Resume of the finished run returns and the projections
+//     rebuild. Its EventDeliveryFailures counts the sink failures of the
+//     events delivered before the run's final append; the events of that
+//     append (RunFinished among them) are delivered once it is durable, too
+//     late to be counted in it. A resumed run counts the resuming process's
+//     deliveries.
+//   - environment-reported completion ends a run (task_completed) only when
+//     the action was executed: task_completed means an action ran and the
+//     goal is reached, so a not_executed or env_error outcome claiming
+//     completion does not.
 //
 // What does not live here: storage (kv), the event vocabulary (events), the
 // structural rules of a log (recovery) and the views of a log (projections).

@@ -144,9 +144,9 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 			out, err := d.execute(ctx, cmd.action)
 			in = input{kind: inActionReturned, outcome: out, err: err}
 		case cmdDone:
-			r := cmd.result
-			r.EventDeliveryFailures = d.failures
-			return r, nil
+			// The stored result, as it is: Resume and the projections
+			// read the same value.
+			return cmd.result, nil
 		default:
 			return events.RunResult{}, fmt.Errorf("engine: internal error: %s", cmd.err)
 		}

@@ -253,8 +253,7 @@ func (m *machine) stepEnding(ev events.StepCompleted) *ending {
 		return &ending{reason: events.StopLLMError}
 	case out != nil && out.Status == events.StatusEnvError:
 		return &ending{reason: events.StopEnvError}
-	case out != nil && out.EnvReportedCompletion,
-		out != nil && out.Status == events.StatusExecuted && m.completesRun(ev.Step.ToolName):
+	case out != nil && out.Status == events.StatusExecuted && (out.EnvReportedCompletion || m.completesRun(ev.Step.ToolName)):
 		return &ending{reason: events.StopTaskCompleted}
 	case out == nil && ev.Step.ParseOK && m.cur.reply != nil:
 		if fa, ok := m.parsed().Decision.(seams.FinalAnswer); ok {

@@ -1,24 +1,9 @@
 package engine
 
 import (
-	"errors"
 	"strings"
 	"testing"
 )
-
-// TestMergeRefusesAKeyWithTwoValues: the rule behind both snapshots.
-func TestMergeRefusesAKeyWithTwoValues(t *testing.T) {
-	dst := map[string]string{"model.name": "a", "model.temperature": "0"}
-	var conflicts []string
-	merge(dst, "model.", map[string]string{"name": "b", "temperature": "0", "top_p": "1"}, &conflicts)
-	err := conflictError(conflicts)
-	if !errors.Is(err, ErrParameterConflict) || !strings.Contains(err.Error(), `model.name: "a" vs "b"`) || len(conflicts) != 1 {
-		t.Fatalf("got %v", err)
-	}
-	if dst["model.top_p"] != "1" || dst["model.name"] != "a" {
-		t.Fatalf("merged %v", dst)
-	}
-}
 
 func TestSnapshotDiffListsEveryKeyWithBothValues(t *testing.T) {
 	got := snapshotDiff(

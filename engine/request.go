@@ -174,8 +174,7 @@ func (r Request) ParameterSnapshot() (map[string]string, error) {
 	if r.Tools != nil {
 		out["tools"] = strings.Join(r.Tools.Names(), ",")
 	}
-	var conflicts []string
-	merge(out, "binding.", r.ModelBinding, &conflicts)
+	prefixed(out, "binding.", r.ModelBinding)
 	injected := map[string]string{}
 	for ch, list := range r.Injections {
 		ids := make([]string, len(list))
@@ -184,9 +183,9 @@ func (r Request) ParameterSnapshot() (map[string]string, error) {
 		}
 		injected[ch] = strings.Join(ids, ",")
 	}
-	merge(out, "injections.", injected, &conflicts)
-	merge(out, "executor.", r.Executor.Parameters(), &conflicts)
-	return out, conflictError(conflicts)
+	prefixed(out, "injections.", injected)
+	prefixed(out, "executor.", r.Executor.Parameters())
+	return out, nil
 }
 
 // snapshot merges the definition's and the request's snapshots.
@@ -199,9 +198,10 @@ func snapshot(def Definition, req Request) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var conflicts []string
-	merge(d, "", r, &conflicts)
-	return d, conflictError(conflicts)
+	// The definition's keys all carry a seam's prefix, the request's
+	// none of those: the two never share a key.
+	maps.Copy(d, r)
+	return d, nil
 }
 
 // snapshotDiff lists every key whose value differs, with both values. A

@@ -15,6 +15,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -396,8 +397,24 @@ func TestConsumerFailuresNeverDamageTheLog(t *testing.T) {
 			a.def.Events = sink
 			r := a.run(t)
 			stream := soundLog(t, store, "s")
-			if r.EventDeliveryFailures != len(stream) || len(sink.Envelopes()) != len(stream) {
+			// Every delivery failed; the result counts those before the
+			// run's final append (the final answer's model_call_result,
+			// step_completed and run_finished), whose events are delivered
+			// only once the result is stored.
+			if r.EventDeliveryFailures != len(stream)-3 || len(sink.Envelopes()) != len(stream) {
 				t.Fatalf("%d failures counted, %d delivered, %d events", r.EventDeliveryFailures, len(sink.Envelopes()), len(stream))
+			}
+			// One result: returned, stored, resumed and projected alike.
+			stored, _ := projections.Fold(stream).Result()
+			resumed, err := engine.Resume(context.Background(), a.def, a.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, other := range map[string]events.RunResult{"stored": stored, "resumed": resumed} {
+				if other.EventDeliveryFailures != r.EventDeliveryFailures || other.StopReason != r.StopReason ||
+					!proptest.SameSteps(other.Steps, r.Steps) {
+					t.Fatalf("Run returned %d failures, the %s result holds %d", r.EventDeliveryFailures, name, other.EventDeliveryFailures)
+				}
 			}
 			if !proptest.SameSteps(plain.Steps, r.Steps) || plain.StopReason != r.StopReason {
 				t.Fatal("a failing sink changed the run")
@@ -526,5 +543,30 @@ func TestCancellationInterruptsAnAction(t *testing.T) {
 	stream := soundLog(t, store, "ca")
 	if k := stream[len(stream)-2].Kind; k != events.KindIntent {
 		t.Fatalf("event before run_finished is %s, want the unanswered action intent", k)
+	}
+}
+
+// TestOnlyAnExecutedActionCompletesARun: task_completed means an action was
+// executed and the goal reached; an outcome that claims completion without
+// having executed does not end the run.
+func TestOnlyAnExecutedActionCompletesARun(t *testing.T) {
+	cases := []struct {
+		status events.ActionStatus
+		want   events.StopReason
+	}{
+		{events.StatusExecuted, events.StopTaskCompleted},
+		{events.StatusNotExecuted, events.StopAgentFinished},
+		{events.StatusEnvError, events.StopEnvError},
+	}
+	for _, c := range cases {
+		t.Run(string(c.status), func(t *testing.T) {
+			a := newAgent(&seamstest.MemStore{}, "c", seamstest.Replies("ACTION: deploy", "FINAL: done")...)
+			a.exec.Respond = func(context.Context, seams.ActionCall) (events.ActionOutcome, error) {
+				return events.ActionOutcome{Status: c.status, Observation: "claims done", EnvReportedCompletion: true}, nil
+			}
+			if r := a.run(t); r.StopReason != c.want {
+				t.Fatalf("outcome %s reporting completion: stopped %s, want %s", c.status, r.StopReason, c.want)
+			}
+		})
 	}
 }

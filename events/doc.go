@@ -44,7 +44,8 @@
 // Fields the specification allows to be absent are pointers in StepRecord and
 // RunResult and are exported as JSON null. ModelReply.CallID uses the empty
 // string for "absent": an empty string is never a valid call id, so the two
-// cannot be confused, and it is written to the wire as nil.
+// cannot be confused, and an absent id is left out of the wire map (the key
+// is omitted), which an older reader decodes as absent too.
 //
 // What does not live here: how events are stored (package kv), how streams
 // fold into views (package projections), and how a run produces them

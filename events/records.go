@@ -34,7 +34,8 @@ func RunIDOf(e Event) string { return e.runID() }
 // ModelReply is what a model call returned.
 type ModelReply struct {
 	// CallID is the provider's id for the call; "" means absent (an empty
-	// string is never a valid id) and is written as nil.
+	// string is never a valid id) and its key is then left out of the wire
+	// map.
 	CallID string `msgpack:"call_id,omitempty" json:"call_id"`
 	// Content is the model-visible output.
 	Content string `msgpack:"content" json:"content"`
