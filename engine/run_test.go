@@ -570,3 +570,38 @@ func TestOnlyAnExecutedActionCompletesARun(t *testing.T) {
 		})
 	}
 }
+
+// keepingModel appends a note of its own to every prompt it is handed and
+// keeps the result, as a client that logs or batches prompts might.
+type keepingModel struct {
+	*seamstest.Model
+	kept [][]seams.Message
+}
+
+func (k *keepingModel) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
+	k.kept = append(k.kept, append(call.Messages, seams.Text(seams.RoleUser, "client note")))
+	return k.Model.Call(ctx, call)
+}
+
+// TestAPromptHandedToTheModelIsItsOwn: what a model client does with the
+// messages slice (here: append to it and keep it) neither changes the
+// machine's history nor is changed by the steps that follow.
+func TestAPromptHandedToTheModelIsItsOwn(t *testing.T) {
+	a := newAgent(&seamstest.MemStore{}, "p", seamstest.Replies("ACTION: one", "ACTION: two", "FINAL: done")...)
+	km := &keepingModel{Model: a.model}
+	a.def.Model = km
+	r := a.run(t)
+	if r.StopReason != events.StopAgentFinished || len(km.kept) != 3 {
+		t.Fatalf("stopped %s after %d calls", r.StopReason, len(km.kept))
+	}
+	for i, msgs := range km.kept {
+		last := msgs[len(msgs)-1].Content[0].(seams.TextBlock).Text
+		if last != "client note" {
+			t.Errorf("call %d: the client's own message became %q", i, last)
+		}
+	}
+	calls := a.model.Calls()
+	if got := len(calls[2].Messages); got != len(calls[1].Messages)+2 {
+		t.Errorf("the third prompt has %d messages, want the second's %d plus a step's two", got, len(calls[1].Messages))
+	}
+}

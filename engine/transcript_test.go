@@ -31,9 +31,13 @@ var update = flag.Bool("update", false, "rewrite the golden transcripts")
 //	budget steps=N actions=N parse=N prompt=N
 //	model_policy safe|never
 //	tools                    use the test registry (count: safe, pay: never, submit: completes_run)
-//	model <content>          the model replies
+//	model <content>          the model replies (call id c<N>)
+//	model~ <content>         the model replies without a call id
+//	thinking <text>          the next reply carries this thinking
 //	model! <error>           the model call fails
 //	action <observation>     the action runs; "action+ <obs>" also reports completion
+//	action~N <observation>   the action runs; N characters were cut from its observation
+//	action? <status>         the executor returns an outcome with this (invalid) status
 //	action! <error>          the executor fails
 //	cancel                   the context is cancelled from now on
 //	crash                    the process dies; a new machine replays what was durable, then begins
@@ -104,6 +108,7 @@ func runScript(t *testing.T, path string) string {
 	r.cfg = r.configure(setup)
 	r.m = newMachine(r.cfg)
 	cmd := r.feed(input{kind: inBegin}, "begin")
+	thinking := ""
 	for {
 		switch cmd.kind {
 		case cmdAppend:
@@ -130,6 +135,18 @@ func runScript(t *testing.T, path string) string {
 		line := steps[0]
 		steps = steps[1:]
 		verb, arg, _ := strings.Cut(line, " ")
+		switch {
+		case verb == "thinking":
+			thinking = arg
+			continue
+		case strings.HasPrefix(verb, "action~"):
+			n, err := strconv.Atoi(strings.TrimPrefix(verb, "action~"))
+			if err != nil {
+				t.Fatalf("%q: want action~N", line)
+			}
+			cmd = r.feed(input{kind: inActionReturned, outcome: events.ActionOutcome{Status: events.StatusExecuted, Observation: arg, ObservationTruncatedChars: n}}, line)
+			continue
+		}
 		switch verb {
 		case "cancel":
 			r.cancel = true
@@ -138,14 +155,21 @@ func runScript(t *testing.T, path string) string {
 		case "crash":
 			cmd = r.crash("# crash: a new machine replays the durable log\n")
 			continue
-		case "model":
-			cmd = r.feed(input{kind: inModelReturned, reply: events.ModelReply{CallID: fmt.Sprintf("c%d", cmd.model.CallIndex), Content: arg}}, line)
+		case "model", "model~":
+			reply := events.ModelReply{CallID: fmt.Sprintf("c%d", cmd.model.CallIndex), Content: arg, Thinking: thinking}
+			if verb == "model~" {
+				reply.CallID = ""
+			}
+			thinking = ""
+			cmd = r.feed(input{kind: inModelReturned, reply: reply}, line)
 		case "model!":
 			cmd = r.feed(input{kind: inModelReturned, err: errors.New(arg)}, line)
 		case "action", "action+":
 			cmd = r.feed(input{kind: inActionReturned, outcome: events.ActionOutcome{Status: events.StatusExecuted, Observation: arg, EnvReportedCompletion: verb == "action+"}}, line)
 		case "action!":
 			cmd = r.feed(input{kind: inActionReturned, err: errors.New(arg)}, line)
+		case "action?":
+			cmd = r.feed(input{kind: inActionReturned, outcome: events.ActionOutcome{Status: events.ActionStatus(arg), Observation: "whatever"}}, line)
 		default:
 			t.Fatalf("unknown script line %q", line)
 		}
@@ -296,9 +320,15 @@ func renderEvent(ev events.Event) string {
 		if s.ActionStatus != nil {
 			status = string(*s.ActionStatus)
 		}
-		return fmt.Sprintf("step_completed(#%d result=%q outcome=%s action=%s parse_ok=%v parse_error=%s tool=%s status=%s obs=%q synthetic=%v env_done=%v prompt_chars=%d wall_ms=%d)",
-			s.StepIdx, e.ResultID, outcome, str(s.Action), s.ParseOK, str(s.ParseError), str(s.ToolName), status,
-			s.Observation, s.ObservationIsSynthetic, s.EnvReportedCompletion, s.PromptChars, s.StepWallMs)
+		// Every StepRecord field, in the record's order.
+		return fmt.Sprintf("step_completed(result=%q outcome=%s\n"+
+			"             step_idx=%d raw_output=%q content_chars=%d thinking_chars=%d action=%s parse_ok=%v parse_error=%s\n"+
+			"             observation=%q observation_is_synthetic=%v observation_truncated_chars=%d prompt_chars=%d call_id=%s step_wall_ms=%d\n"+
+			"             tool_name=%s tool_arguments=%s action_status=%s env_reported_completion=%v schema_version=%s)",
+			e.ResultID, outcome,
+			s.StepIdx, s.RawOutput, s.ContentChars, s.ThinkingChars, str(s.Action), s.ParseOK, str(s.ParseError),
+			s.Observation, s.ObservationIsSynthetic, s.ObservationTruncatedChars, s.PromptChars, str(s.CallID), s.StepWallMs,
+			str(s.ToolName), str(s.ToolArguments), status, s.EnvReportedCompletion, s.SchemaVersion)
 	case events.RunFinished:
 		return fmt.Sprintf("run_finished(%s answer=%s)", e.Result.StopReason, str(e.Result.FinalAnswer))
 	}
