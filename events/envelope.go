@@ -168,7 +168,7 @@ func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
 	fail := func(kind Kind, sentinel error, detail string) (Envelope, error) {
 		return Envelope{}, &DecodeError{ID: id, Kind: kind, Err: sentinel, Detail: detail}
 	}
-	if err := wellFormed(b); err != nil {
+	if err := WellFormed(b); err != nil {
 		return fail("", ErrMalformed, err.Error())
 	}
 	var w wireEnvelope
@@ -218,12 +218,14 @@ func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
 // recurses into it.
 const maxNesting = 32
 
-// wellFormed walks b as exactly one msgpack value without building it and
+// WellFormed walks b as exactly one msgpack value without building it and
 // without recursion: a stack of counts stands in for the nesting. It
 // proves every declared length is backed by bytes (so a damaged value
 // cannot make decoding allocate far beyond its own size) and that nothing
-// nests deeper than maxNesting (so decoding cannot exhaust the stack).
-func wellFormed(b []byte) error {
+// nests deeper than 32 levels (so decoding cannot exhaust the stack).
+// Unmarshal runs it first; a store decoding msgpack values of its own (an
+// index entry) should too.
+func WellFormed(b []byte) error {
 	pending := make([]uint64, 1, 8) // values still to read, per level
 	pending[0] = 1
 	i := 0

@@ -73,6 +73,12 @@ func parseMeta(page int, b []byte) meta {
 	return m
 }
 
+// bboltValid reports whether bbolt itself would use this meta page: it
+// checks only magic, version and checksum.
+func (m meta) bboltValid() bool {
+	return m.magic == boltMagic && m.version == boltVersion && m.checksum == m.sum
+}
+
 // problem says what is wrong with a meta page, or "".
 func (m meta) problem() string {
 	switch {
@@ -154,7 +160,11 @@ func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (file
 		}
 		msg := fmt.Sprintf("bbolt meta page %d is damaged (%s); the other holds transaction %d, and opening would silently drop "+
 			"whatever the damaged page committed after it", other.page, why, metas[newest].txid)
-		if !allowRollback {
+		switch {
+		case other.bboltValid() && other.txid > metas[newest].txid:
+			// bbolt would use the damaged page, not the one checked here.
+			return rep, corrupt("%s; bbolt itself would open the damaged page, so it cannot be rolled back", msg)
+		case !allowRollback:
 			return rep, corrupt("%s (Options.AllowMetaRollback accepts that, for recovery tooling)", msg)
 		}
 		rep.rolledBack = msg
@@ -165,13 +175,27 @@ func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (file
 	}
 	w := &walker{f: f, data: data, pageSize: pageSize, hwm: m.pgid, reached: make([]uint64, (m.pgid+63)/64)}
 	w.mark(0, 1)
+	var free []uint64
 	if m.freelist != noFreelist {
-		if err := w.freelist(m.freelist); err != nil {
+		var err error
+		if free, err = w.freelist(m.freelist); err != nil {
 			return rep, err
 		}
 	}
 	if _, err := w.tree(m.root, nil, nil, 0); err != nil {
 		return rep, err
+	}
+	// bbolt hands a synced freelist's pages out for new writes: none may be
+	// in use (the freelist page itself included) or listed twice.
+	listed := map[uint64]bool{}
+	for _, id := range free {
+		switch {
+		case w.reached[id/64]&(1<<(id%64)) != 0:
+			return rep, corrupt("the bbolt freelist lists page %d, which is in use", id)
+		case listed[id]:
+			return rep, corrupt("the bbolt freelist lists page %d twice", id)
+		}
+		listed[id] = true
 	}
 	return rep, nil
 }
@@ -307,31 +331,33 @@ func (w *walker) page(id uint64) ([]byte, error) {
 	return buf, nil
 }
 
-// freelist checks a synced freelist page: every id it lists is a page.
-func (w *walker) freelist(id uint64) error {
+// freelist reads a synced freelist page and returns the ids it lists,
+// each a page of the file.
+func (w *walker) freelist(id uint64) ([]uint64, error) {
 	p, err := w.page(id)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if flags := order.Uint16(p[8:]); flags != flagFreelist {
-		return corrupt("bbolt freelist page %d has page flags %#x", id, flags)
+		return nil, corrupt("bbolt freelist page %d has page flags %#x", id, flags)
 	}
 	start, count := uint64(pageHeaderSize), uint64(order.Uint16(p[10:]))
 	if count == 0xFFFF {
 		if len(p) < pageHeaderSize+8 {
-			return corrupt("bbolt freelist page %d is too short", id)
+			return nil, corrupt("bbolt freelist page %d is too short", id)
 		}
 		count, start = order.Uint64(p[pageHeaderSize:]), pageHeaderSize+8
 	}
 	if count > (uint64(len(p))-start)/8 {
-		return corrupt("bbolt freelist page %d lists %d pages, more than it holds", id, count)
+		return nil, corrupt("bbolt freelist page %d lists %d pages, more than it holds", id, count)
 	}
+	ids := make([]uint64, count)
 	for i := range count {
-		if free := order.Uint64(p[start+8*i:]); free < 2 || free >= w.hwm {
-			return corrupt("bbolt freelist page %d lists page %d, outside the file's %d pages", id, free, w.hwm)
+		if ids[i] = order.Uint64(p[start+8*i:]); ids[i] < 2 || ids[i] >= w.hwm {
+			return nil, corrupt("bbolt freelist page %d lists page %d, outside the file's %d pages", id, ids[i], w.hwm)
 		}
 	}
-	return nil
+	return ids, nil
 }
 
 // tree checks the subtree rooted at page id, whose keys must lie in
@@ -348,7 +374,7 @@ func (w *walker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 	case flagBranch:
 		return w.branch(id, p, lo, hi, depth)
 	case flagLeaf:
-		return w.leaf(where{page: id}, p, lo, hi, depth)
+		return w.leaf(where{page: id}, p, lo, hi, depth, false)
 	default:
 		return nil, corrupt("bbolt page %d has page flags %#x where a branch or leaf page belongs", id, flags)
 	}
@@ -382,13 +408,21 @@ func elements(what where, p []byte) (int, error) {
 	return count, nil
 }
 
-// span returns p[off+pos : off+pos+n], the bytes an element points at.
-func span(what where, p []byte, off int, pos uint32, n uint64) ([]byte, error) {
+// span returns p[off+pos : off+pos+n], the bytes element i points at. They
+// must lie after the data of the elements before it (next): bbolt lays a
+// page's data out in element order, each byte used once, so overlapping
+// elements are damage — and would let a small page stand for an
+// exponentially large tree.
+func span(what where, p []byte, i, off int, pos uint32, n uint64, next *uint64) ([]byte, error) {
 	start := uint64(off) + uint64(pos)
-	end := start + uint64(n)
-	if end > uint64(len(p)) {
-		return nil, corrupt("%s has an element reaching byte %d of %d", what, end, len(p))
+	end := start + n
+	switch {
+	case end > uint64(len(p)):
+		return nil, corrupt("%s has element %d reaching byte %d of %d", what, i, end, len(p))
+	case start < *next:
+		return nil, corrupt("%s: the data of element %d overlaps what comes before it", what, i)
 	}
+	*next = end
 	return p[start:end], nil
 }
 
@@ -417,10 +451,14 @@ func (w *walker) branch(id uint64, p, lo, hi []byte, depth int) ([]byte, error) 
 	}
 	keys := make([][]byte, count)
 	children := make([]uint64, count)
+	next := uint64(pageHeaderSize + count*elemSize)
 	for i := range count {
 		off := pageHeaderSize + i*elemSize
-		if keys[i], err = span(what, p, off, order.Uint32(p[off:]), uint64(order.Uint32(p[off+4:]))); err != nil {
+		if keys[i], err = span(what, p, i, off, order.Uint32(p[off:]), uint64(order.Uint32(p[off+4:])), &next); err != nil {
 			return nil, err
+		}
+		if len(keys[i]) == 0 {
+			return nil, corrupt("%s has element %d with an empty key", what, i)
 		}
 		children[i] = order.Uint64(p[off+8:])
 	}
@@ -446,20 +484,26 @@ func (w *walker) branch(id uint64, p, lo, hi []byte, depth int) ([]byte, error) 
 
 // leaf checks a leaf page (a file page, or an inline bucket's page) and
 // the buckets its elements hold.
-func (w *walker) leaf(what where, p, lo, hi []byte, depth int) ([]byte, error) {
+// inline says p is an inline bucket's page, which bbolt never gives
+// buckets of its own.
+func (w *walker) leaf(what where, p, lo, hi []byte, depth int, inline bool) ([]byte, error) {
 	count, err := elements(what, p)
 	if err != nil {
 		return nil, err
 	}
 	prev := lo
+	next := uint64(pageHeaderSize + count*elemSize)
 	for i := range count {
 		off := pageHeaderSize + i*elemSize
 		flags, pos, ksize, vsize := order.Uint32(p[off:]), order.Uint32(p[off+4:]), order.Uint32(p[off+8:]), order.Uint32(p[off+12:])
-		kv, err := span(what, p, off, pos, uint64(ksize)+uint64(vsize))
+		kv, err := span(what, p, i, off, pos, uint64(ksize)+uint64(vsize), &next)
 		if err != nil {
 			return nil, err
 		}
 		key, val := kv[:ksize], kv[ksize:]
+		if len(key) == 0 {
+			return nil, corrupt("%s has element %d with an empty key", what, i)
+		}
 		if err := inOrder(what, i, key, prev, hi, i == 0); err != nil {
 			return nil, err
 		}
@@ -467,6 +511,9 @@ func (w *walker) leaf(what where, p, lo, hi []byte, depth int) ([]byte, error) {
 		switch flags {
 		case 0:
 		case bucketLeafFlag:
+			if inline {
+				return nil, corrupt("%s holds a bucket, %q, inside an inline bucket", what, key)
+			}
 			if err := w.bucket(where{page: what.page, bucket: key}, val, depth+1); err != nil {
 				return nil, err
 			}
@@ -496,10 +543,16 @@ func (w *walker) bucket(what where, val []byte, depth int) error {
 	if flags := order.Uint16(inline[8:]); flags != flagLeaf {
 		return corrupt("%s: the inline bucket has page flags %#x", what, flags)
 	}
+	// bbolt writes an inline page with id and overflow 0, and frees the
+	// page an inline bucket's id names once the bucket outgrows its page:
+	// any other id would free a page in use.
+	if id, overflow := order.Uint64(inline), order.Uint32(inline[12:]); id != 0 || overflow != 0 {
+		return corrupt("%s: the inline bucket's page claims id %d and %d overflow pages, not 0", what, id, overflow)
+	}
 	if depth > maxNesting {
 		return corrupt("%s: buckets nest more than %d deep", what, maxNesting)
 	}
-	_, err := w.leaf(what, inline, nil, nil, depth)
+	_, err := w.leaf(what, inline, nil, nil, depth, true)
 	return err
 }
 

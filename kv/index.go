@@ -99,7 +99,16 @@ func readInfo(index *bolt.Bucket, key []byte) (info RunInfo, ok bool, err error)
 	return info, true, err
 }
 
+// maxInfoSize bounds an index entry: a few hundred bytes in practice.
+const maxInfoSize = 64 << 10
+
 func decodeInfo(key, v []byte) (RunInfo, error) {
+	if len(v) > maxInfoSize {
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q is %d bytes, more than an entry can be", ErrCorrupt, key, len(v))
+	}
+	if err := events.WellFormed(v); err != nil {
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q is not a msgpack value: %v", ErrCorrupt, key, err)
+	}
 	var st storedInfo
 	if err := msgpack.Unmarshal(v, &st); err != nil {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, key, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
@@ -156,6 +157,14 @@ func openOrCreate(path string, o Options) (*os.File, error) {
 	if o.ReadOnly {
 		flag = os.O_RDONLY
 	}
+	// Only a regular file can be a store; opening a named pipe or a device
+	// could block or touch something else.
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		if fi.IsDir() {
+			return nil, fmt.Errorf("%w: %s is a directory", ErrNotAStore, path)
+		}
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", ErrNotAStore, path, fi.Mode().Type())
+	}
 	f, err := os.OpenFile(path, flag, 0)
 	if errors.Is(err, fs.ErrNotExist) && !o.ReadOnly {
 		if err := create(path, o); err != nil {
@@ -293,7 +302,11 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 			NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 		return err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		// Where kv cannot lock the file itself (lock_other.go), bbolt does.
+		return fail(fmt.Errorf("%w by another process: %s (waited %s)", ErrLocked, path, timeout))
+	case err != nil:
 		// The file check passed, so this is unexpected: report it as damage.
 		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
@@ -507,8 +520,11 @@ func (s *Store) commit(group []*appendRequest) {
 	}
 	s.mu.Lock()
 	for _, r := range group {
-		if err != nil && r.err == nil {
-			r.err, r.envs = err, nil
+		if err != nil {
+			// The transaction failed: nothing of the group was written.
+			// A request refused by the rules is told so too, since the
+			// refusal may have come from the group's own rolled-back writes.
+			r.err, r.envs = fmt.Errorf("kv: the transaction failed, nothing was written: %w", err), nil
 		}
 		if r.lead {
 			r.lead = false // the committing leader's own request: its wake is spent
@@ -528,6 +544,9 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 		return err
 	}
 	b := runs.Bucket(key)
+	if b == nil && runs.Get(key) != nil {
+		return fmt.Errorf("%w: run %q: the runs bucket holds a value, not a stream, under its id", ErrCorrupt, r.runID)
+	}
 	var tail ulid.ULID
 	if b != nil {
 		if k, _ := b.Cursor().Last(); k != nil {

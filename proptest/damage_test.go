@@ -77,8 +77,12 @@ type childReport struct {
 	OpenError string `json:"open_error,omitempty"`
 	// Reopen says what went wrong opening a refused file again in the same
 	// process: ErrLocked, or descriptors left open.
-	Reopen string      `json:"reopen,omitempty"`
-	Runs   []runReport `json:"runs,omitempty"`
+	Reopen string `json:"reopen,omitempty"`
+	// AfterWrites says what went wrong when a file that was accepted
+	// read-write was written to (new runs), closed and opened again: it
+	// no longer opens, or a run that loaded before loads differently.
+	AfterWrites string      `json:"after_writes,omitempty"`
+	Runs        []runReport `json:"runs,omitempty"`
 }
 
 type runReport struct {
@@ -128,9 +132,14 @@ func runDamageChild() int {
 		}
 		return 0
 	}
-	defer s.Close()
 	ctx := context.Background()
-	for _, id := range strings.Split(os.Getenv(damageRunsEnv), ",") {
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	ids := strings.Split(os.Getenv(damageRunsEnv), ",")
+	for _, id := range ids {
 		stream, err := s.Load(ctx, id)
 		r := runReport{RunID: id, Events: eventJSON(stream)}
 		v, err := recovery.ClassifyLoaded(id, stream, err)
@@ -147,6 +156,39 @@ func runDamageChild() int {
 			r.Rewrote = len(after) < len(stream) || !equalStrings(eventJSON(after[:len(stream)]), r.Events)
 		}
 		rep.Runs = append(rep.Runs, r)
+	}
+	if ro {
+		return 0
+	}
+	// Write to the accepted file — new runs, which make bbolt allocate and
+	// free pages — then open it again: damage the file check let through
+	// would surface here as a file that no longer opens or a run changed.
+	before := map[string][]string{}
+	for _, id := range ids {
+		if stream, err := s.Load(ctx, id); err == nil {
+			before[id] = eventJSON(stream)
+		}
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("probe-%d", i)
+		def, req := damageAgent(s, id)
+		if _, err := engine.Run(ctx, def, req); err != nil {
+			rep.AfterWrites = fmt.Sprintf("a new run on the accepted file failed: %v", err)
+			return 0
+		}
+	}
+	s.Close()
+	s, err = kv.Open(path, kv.Options{LockTimeout: time.Second})
+	if err != nil {
+		rep.AfterWrites = fmt.Sprintf("the file no longer opens after writes: %v", err)
+		return 0
+	}
+	for id, want := range before {
+		stream, err := s.Load(ctx, id)
+		if err != nil || !equalStrings(eventJSON(stream), want) {
+			rep.AfterWrites = fmt.Sprintf("run %s loaded before the writes, and after them: %d events (%v)", id, len(stream), err)
+			return 0
+		}
 	}
 	return 0
 }
@@ -279,6 +321,9 @@ func tail(s string) string {
 func judge(rep childReport, want map[string][]string, torn bool) string {
 	if rep.Reopen != "" {
 		return "altered: a refused open left the file held: " + rep.Reopen
+	}
+	if rep.AfterWrites != "" {
+		return "altered: " + rep.AfterWrites
 	}
 	if rep.OpenError != "" {
 		return "refused"
