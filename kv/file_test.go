@@ -1,0 +1,188 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/polyloop/polyloop/proptest"
+)
+
+// damagedStore writes runs A (multi-page) and B (inline), then lets damage
+// change the file's pages in place: page(id) reads a page, put(id, p)
+// writes it back. It returns the path.
+func damagedStore(t *testing.T, syncFreelist bool, damage func(t *testing.T, f *pages)) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "B", ulid.ULID{}, proptest.SoundStream("B")[:1]...); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if syncFreelist {
+		// bbolt with its default options writes the freelist out.
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &pages{t: t, path: path, size: int64(db.Info().PageSize)}
+	db.View(func(tx *bolt.Tx) error {
+		runs := tx.Bucket(runsBucket)
+		f.runsRoot, f.rootA = uint64(runs.Root()), uint64(runs.Bucket([]byte("A")).Root())
+		if runs.Bucket([]byte("B")).Root() != 0 {
+			t.Fatal("run B is not an inline bucket")
+		}
+		return nil
+	})
+	db.Close()
+	damage(t, f)
+	return path
+}
+
+// pages reads and writes a bbolt file's pages for damage tests.
+type pages struct {
+	t               *testing.T
+	path            string
+	size            int64
+	runsRoot, rootA uint64
+}
+
+func (f *pages) page(id uint64) []byte {
+	b, err := os.ReadFile(f.path)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return b[int64(id)*f.size : int64(id+1)*f.size]
+}
+
+func (f *pages) put(id uint64, p []byte) {
+	fh, err := os.OpenFile(f.path, os.O_RDWR, 0)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer fh.Close()
+	if _, err := fh.WriteAt(p, int64(id)*f.size); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// value returns the offset in p of the value of the leaf element with key.
+func value(t *testing.T, p []byte, key string) int {
+	for i := range int(order.Uint16(p[10:])) {
+		off := pageHeaderSize + i*elemSize
+		pos, ksize := int(order.Uint32(p[off+4:])), int(order.Uint32(p[off+8:]))
+		if string(p[off+pos:off+pos+ksize]) == key {
+			return off + pos + ksize
+		}
+	}
+	t.Fatalf("no element %q", key)
+	return 0
+}
+
+// TestTheFileCheckRefusesWhatBboltWouldMisuse: damage that leaves every
+// page in bounds and of the right type, yet on the next write would make
+// bbolt free or reuse a page in use, is refused at open — read-only and
+// read-write — naming what is wrong.
+func TestTheFileCheckRefusesWhatBboltWouldMisuse(t *testing.T) {
+	cases := []struct {
+		name   string
+		synced bool
+		damage func(t *testing.T, f *pages)
+		want   string
+	}{
+		{"an inline bucket's page names a real page", false, func(t *testing.T, f *pages) {
+			p := f.page(f.runsRoot)
+			v := value(t, p, "B")
+			order.PutUint64(p[v+bucketHeaderSize:], f.rootA) // the inline page's id
+			f.put(f.runsRoot, p)
+		}, "the inline bucket's page claims id"},
+		{"a synced freelist lists a page in use", true, func(t *testing.T, f *pages) {
+			m := parseMeta(0, f.page(0))
+			if m1 := parseMeta(1, f.page(1)); m1.txid > m.txid {
+				m = m1
+			}
+			if m.freelist == noFreelist {
+				t.Fatal("the freelist was not synced")
+			}
+			p := f.page(m.freelist)
+			order.PutUint16(p[10:], 1)
+			order.PutUint64(p[pageHeaderSize:], f.rootA)
+			f.put(m.freelist, p)
+		}, "which is in use"},
+		{"two elements share their data", false, func(t *testing.T, f *pages) {
+			p := f.page(f.runsRoot)
+			// element 1 points at element 0's data
+			e0, e1 := pageHeaderSize, pageHeaderSize+elemSize
+			order.PutUint32(p[e1+4:], uint32(e0+int(order.Uint32(p[e0+4:]))-e1))
+			f.put(f.runsRoot, p)
+		}, "overlaps"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := damagedStore(t, c.synced, c.damage)
+			for _, ro := range []bool{true, false} {
+				s, err := Open(path, Options{ReadOnly: ro})
+				if err == nil {
+					s.Close()
+					t.Fatalf("read-only %t: opened", ro)
+				}
+				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("read-only %t: got %v, want ErrCorrupt saying %q", ro, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestADeeplyNestedIndexEntryIsDamageNotACrash: an index entry holding
+// 100,000 nested arrays is listed as damaged and refused by Load, instead
+// of overflowing the decoder's stack.
+func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")...); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	v := append([]byte{0x81, 0xa1, 'x'}, []byte(strings.Repeat("\x91", 100_000))...)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put([]byte("A"), append(v, 0xc0)) })
+	db.Close()
+	s, err = Open(path, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	runs, err := s.Runs(context.Background())
+	if err != nil || len(runs) != 1 || runs[0].Status != StatusDamaged {
+		t.Fatalf("Runs: %+v, %v", runs, err)
+	}
+	if _, err := s.Load(context.Background(), "A"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Load: %v", err)
+	}
+}
