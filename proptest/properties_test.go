@@ -406,46 +406,77 @@ func (l *logStore) Load(context.Context, string) ([]events.Envelope, error) {
 
 func (l *logStore) Parameters() map[string]string { return (&seamstest.MemStore{}).Parameters() }
 
-// damage applies one random change: drop, duplicate, swap, or alter an event.
-func damage(t *rapid.T, log []events.Event) []events.Event {
-	out := append([]events.Event(nil), log...)
+// damage applies one random change to a log's events and names it. The
+// name is the oracle: damage whose kind no crash and no sound run can
+// produce must be refused, whatever recovery's code says — so a recovery
+// that turned lenient fails here.
+func damage(t *rapid.T, log []events.Event) (out []events.Event, label string, alwaysCorrupt bool) {
+	out = append([]events.Event(nil), log...)
 	i := rapid.IntRange(0, len(out)-1).Draw(t, "victim")
 	switch op := rapid.SampledFrom([]string{"drop", "duplicate", "swap", "alter"}).Draw(t, "damage"); op {
 	case "drop":
 		out = append(out[:i], out[i+1:]...)
+		return out, "drop " + string(log[i].Kind()), false // dropping the tail leaves a shorter sound log
 	case "duplicate":
-		out = append(out[:i+1], out[i:]...)
+		// Every record is unique in a sound log: a second run_started or
+		// run_finished, an intent or result repeated, a step repeated.
+		return append(out[:i+1], out[i:]...), "duplicate " + string(log[i].Kind()), true
 	case "swap":
 		j := rapid.IntRange(0, len(out)-1).Draw(t, "other")
 		out[i], out[j] = out[j], out[i]
-	case "alter":
-		out[i] = alter(t, out[i])
+		return out, "swap", false
 	}
-	return out
+	ev, label, always := alter(t, out[i], answered(log, i))
+	out[i] = ev
+	return out, label, always
 }
 
-func alter(t *rapid.T, ev events.Event) events.Event {
+// answered reports whether the intent at log[i] has its result later in
+// the log (so changing its result id orphans that result).
+func answered(log []events.Event, i int) bool {
+	in, ok := log[i].(events.Intent)
+	if !ok {
+		return false
+	}
+	for _, ev := range log[i+1:] {
+		switch e := ev.(type) {
+		case events.ModelCallResult:
+			if e.ResultID == in.ResultID {
+				return true
+			}
+		case events.StepCompleted:
+			if e.ResultID == in.ResultID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func alter(t *rapid.T, ev events.Event, answered bool) (events.Event, string, bool) {
 	switch e := ev.(type) {
 	case events.Intent:
 		switch rapid.IntRange(0, 3).Draw(t, "intent_field") {
 		case 0:
 			e.CallIndex += rapid.SampledFrom([]int{-1, 1, 5}).Draw(t, "delta")
+			return e, "intent call_index changed", true
 		case 1:
 			e.ResultID += "x"
+			return e, "intent result_id changed", answered
 		case 2:
 			if e.IntentKind == events.IntentAction {
 				e.IntentKind = events.IntentModelCall
 			} else {
 				e.IntentKind = events.IntentAction
 			}
-		case 3:
-			if e.ReplayPolicy == events.ReplaySafe {
-				e.ReplayPolicy = events.ReplayNever
-			} else {
-				e.ReplayPolicy = events.ReplaySafe
-			}
+			return e, "intent kind changed", true
 		}
-		return e
+		if e.ReplayPolicy == events.ReplaySafe {
+			e.ReplayPolicy = events.ReplayNever
+		} else {
+			e.ReplayPolicy = events.ReplaySafe
+		}
+		return e, "intent replay_policy changed", false // only the checksum sees it
 	case events.ModelCallResult:
 		if rapid.Bool().Draw(t, "swap_outcome") {
 			if e.Reply != nil {
@@ -454,37 +485,54 @@ func alter(t *rapid.T, ev events.Event) events.Event {
 			} else {
 				e.Reply, e.Failure = &events.ModelReply{Content: "FINAL: invented"}, nil
 			}
-		} else {
-			e.ResultID += "x"
+			return e, "model result reply/failure swapped", false
 		}
-		return e
+		e.ResultID += "x"
+		return e, "model result result_id changed", true
 	case events.StepCompleted:
-		switch rapid.IntRange(0, 2).Draw(t, "step_field") {
+		switch rapid.IntRange(0, 3).Draw(t, "step_field") {
 		case 0:
 			e.Step.StepIdx += rapid.SampledFrom([]int{-1, 1, 3}).Draw(t, "delta")
+			return e, "step index changed", true
 		case 1:
+			if e.ResultID == "" {
+				e.ResultID = "invented"
+				return e, "step result_id invented", true
+			}
 			e.ResultID += "x"
+			return e, "step result_id changed", true
 		case 2:
-			e.ResultID = ""
+			if e.ResultID != "" {
+				e.ResultID = ""
+				return e, "step result_id removed", true
+			}
+		case 3:
+			if e.ResultID != "" {
+				e.ActionOutcome = nil
+				return e, "a closed action intent's outcome removed", true
+			}
 		}
-		return e
+		return e, "nothing", false
 	case events.RunFinished:
 		e.Result.StopReason = events.StopTaskCompleted
-		return e
+		return e, "stop reason changed", false
 	case events.RunStarted:
 		e.RunID += "x"
-		return e
+		return e, "run_started run_id changed", true
 	}
-	return ev
+	return ev, "nothing", false
 }
 
 // TestPropertyDamagedLogsAreRefusedOrResumedSoundly: random damage to a
-// sound log (finished or crashed) is refused by recovery, or, where the
-// damaged log is still sound, resumed to a sound finished log that extends
-// it. Never a panic.
+// sound log (finished or crashed) — an event dropped, duplicated, swapped
+// or altered, or two keys out of order — is refused by recovery, or, where
+// the damaged log is still sound, resumed to a sound finished log that
+// extends it. Damage of a kind no sound log can hold must be refused: the
+// generator says which, not recovery. Never a panic.
 func TestPropertyDamagedLogsAreRefusedOrResumedSoundly(t *testing.T) {
 	ctx := context.Background()
 	var refused, resumed int
+	kinds := map[string]int{}
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawScenario(t)
 		mem := &seamstest.MemStore{}
@@ -499,12 +547,27 @@ func TestPropertyDamagedLogsAreRefusedOrResumedSoundly(t *testing.T) {
 		for _, env := range stream {
 			evs = append(evs, env.Event)
 		}
-		damaged := damage(t, evs)
 		store := &logStore{}
 		t0 := stream[0].Time()
-		for _, ev := range damaged {
-			store.log = append(store.log, events.Envelope{ID: store.ids.Next(t0), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev})
+		var damaged []events.Event
+		var label string
+		var always bool
+		if len(stream) > 1 && rapid.IntRange(0, 5).Draw(t, "keys") == 0 {
+			// The events stay; two of their keys trade places.
+			damaged, label, always = evs, "keys out of order", true
+			for _, ev := range damaged {
+				store.log = append(store.log, events.Envelope{ID: store.ids.Next(t0), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev})
+			}
+			i := rapid.IntRange(0, len(store.log)-2).Draw(t, "key_i")
+			j := rapid.IntRange(i+1, len(store.log)-1).Draw(t, "key_j")
+			store.log[i].ID, store.log[j].ID = store.log[j].ID, store.log[i].ID
+		} else {
+			damaged, label, always = damage(t, evs)
+			for _, ev := range damaged {
+				store.log = append(store.log, events.Envelope{ID: store.ids.Next(t0), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev})
+			}
 		}
+		kinds[label]++
 		before := len(store.log)
 		if err := recovery.Check("p", store.log); err != nil {
 			if !errors.Is(err, recovery.ErrCorrupt) {
@@ -519,6 +582,9 @@ func TestPropertyDamagedLogsAreRefusedOrResumedSoundly(t *testing.T) {
 			}
 			refused++
 			return
+		}
+		if always {
+			t.Fatalf("damage %q, which no sound log can hold, was accepted", label)
 		}
 		b := s.agent(store, nil, nil)
 		_, err := engine.Resume(ctx, b.def, b.req)
@@ -540,5 +606,85 @@ func TestPropertyDamagedLogsAreRefusedOrResumedSoundly(t *testing.T) {
 		}
 		resumed++
 	})
-	t.Logf("damaged logs: %d refused, %d still sound and resumed", refused, resumed)
+	t.Logf("damaged logs: %d refused, %d still sound and resumed; damage drawn: %v", refused, resumed, kinds)
 }
+
+// TestPropertyDamagedBytesAreAlwaysRefused: one bit flipped anywhere in
+// any stored value of a sound log (finished or crashed) is refused: the
+// load reports the damage, recovery lists it, Resume refuses and writes
+// nothing.
+func TestPropertyDamagedBytesAreAlwaysRefused(t *testing.T) {
+	ctx := context.Background()
+	rapid.Check(t, func(t *rapid.T) {
+		s := drawScenario(t)
+		mem := &seamstest.MemStore{}
+		a := s.agent(&proptest.CrashingStore{Inner: mem, After: rapid.IntRange(-1, 12).Draw(t, "crash_after")}, nil, nil)
+		engine.Run(ctx, a.def, a.req)
+		stream, _ := mem.Load(ctx, "p")
+		if len(stream) == 0 {
+			return
+		}
+		raw := &rawStore{}
+		for _, env := range stream {
+			b, err := events.Marshal(env.Event)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := events.Seal(b, "p", env.ID); err != nil {
+				t.Fatal(err)
+			}
+			raw.ids, raw.vals = append(raw.ids, env.ID), append(raw.vals, b)
+		}
+		v := rapid.IntRange(0, len(raw.vals)-1).Draw(t, "value")
+		bit := rapid.IntRange(0, 8*len(raw.vals[v])-1).Draw(t, "bit")
+		raw.vals[v][bit/8] ^= 1 << (bit % 8)
+
+		loaded, err := raw.Load(ctx, "p")
+		var damage *events.DamageError
+		if !errors.As(err, &damage) {
+			t.Fatalf("bit %d of value %d flipped: Load returned %v", bit, v, err)
+		}
+		if _, err := recovery.ClassifyLoaded("p", loaded, err); !errors.Is(err, recovery.ErrCorrupt) {
+			t.Fatalf("recovery accepted a damaged value: %v", err)
+		}
+		b := s.agent(raw, nil, nil)
+		if _, err := engine.Resume(ctx, b.def, b.req); !errors.Is(err, recovery.ErrCorrupt) {
+			t.Fatalf("Resume of a damaged value: %v", err)
+		}
+		if raw.appends > 0 {
+			t.Fatal("a refused Resume wrote")
+		}
+	})
+}
+
+// rawStore holds a run's stored values as bytes and decodes them on Load,
+// as a store does; it refuses appends (counting them).
+type rawStore struct {
+	ids     []ulid.ULID
+	vals    [][]byte
+	appends int
+}
+
+func (r *rawStore) Append(context.Context, string, ulid.ULID, ...events.Event) ([]events.Envelope, error) {
+	r.appends++
+	return nil, errors.New("rawStore: read-only")
+}
+
+func (r *rawStore) Load(_ context.Context, runID string) ([]events.Envelope, error) {
+	var out []events.Envelope
+	var bad []error
+	for i, v := range r.vals {
+		env, err := events.Unmarshal(runID, r.ids[i], v)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out = append(out, env)
+	}
+	if len(bad) > 0 {
+		return out, &events.DamageError{RunID: runID, Problems: bad}
+	}
+	return out, nil
+}
+
+func (r *rawStore) Parameters() map[string]string { return (&seamstest.MemStore{}).Parameters() }
