@@ -6,7 +6,7 @@ COUNT   ?= 5
 
 FUZZTIME ?= 60s
 
-.PHONY: build test check prop bench demo ci fuzz damage
+.PHONY: build test check prop bench demo ci fuzz damage mutate
 
 build:
 	$(GO) build $(PKGS)
@@ -27,6 +27,22 @@ prop:
 # damaged copy of a store opened read-only and read-write in a child process.
 damage:
 	$(GO) test -count=1 -run '^TestDamageCorpus$$' ./proptest -damage.all -v -timeout 60m
+
+# Mutation testing with gremlins (not in CI: it takes tens of minutes).
+# Each package in MUTATE is mutated alone; its own tests judge engine and kv,
+# the whole suite (--integration) judges recovery and seams, whose rules the
+# property tests in proptest and the stores' contract tests exercise.
+# Results: mutation-<pkg>.json and the console; see MUTATION.md.
+GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
+MUTATE   ?= engine recovery kv seams
+TOPDIRS  := cmd engine events examples kv openai projections proptest recovery seams
+mutate:
+	@for p in $(MUTATE); do \
+		ex=""; for d in $(TOPDIRS); do [ "$$d" = "$$p" ] || ex="$$ex -E ^$$d/"; done; \
+		integ=""; case $$p in recovery|seams) integ="--integration";; esac; \
+		echo "== $$p $$integ"; \
+		GOFLAGS=-count=1 $(GREMLINS) unleash $$integ --workers 2 --timeout-coefficient 10 -o mutation-$$p.json $$ex || exit 1; \
+	done
 
 # Each fuzz target for a bounded time; the committed corpora under
 # testdata/fuzz also run as ordinary tests in make test.

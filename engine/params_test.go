@@ -3,6 +3,11 @@ package engine
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
 func TestSnapshotDiffListsEveryKeyWithBothValues(t *testing.T) {
@@ -30,5 +35,37 @@ func TestSnapshotDiffComparesSchemaVersionsByMajor(t *testing.T) {
 	}
 	if got := snapshotDiff(map[string]string{"model.version": "1.0"}, map[string]string{"model.version": "1.1"}); len(got) != 1 {
 		t.Errorf("a key that is not a schema version compares exactly: %q", got)
+	}
+}
+
+// TestCancelGraceDefaultsWhenUnset: the snapshot records the grace in
+// force — the default when none is given, the given one otherwise.
+func TestCancelGraceDefaultsWhenUnset(t *testing.T) {
+	for _, c := range []struct {
+		set  time.Duration
+		want string
+	}{{0, DefaultCancelGrace.String()}, {5 * time.Second, "5s"}} {
+		req := Request{RunID: "r", Budget: Budget{MaxSteps: 1, MaxActions: 1, MaxConsecutiveParseFailures: 1, MaxPromptChars: 1},
+			Executor: &seamstest.Executor{}, ModelReplayPolicy: events.ReplaySafe, CancelGrace: c.set}
+		snap, err := req.ParameterSnapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := snap["cancel_grace"]; got != c.want {
+			t.Errorf("CancelGrace %s: snapshot says %q, want %q", c.set, got, c.want)
+		}
+	}
+}
+
+// TestAnEmptyRegistryAddsNoToolSection: a registry restricted to no tools
+// offers the model nothing, so the prompt carries no tool section.
+func TestAnEmptyRegistryAddsNoToolSection(t *testing.T) {
+	reg, err := seams.NewRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := Request{Tools: reg, Context: Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "goal")}}}
+	if got := promptPrefix(req); len(got) != 1 {
+		t.Fatalf("the prompt prefix has %d messages, want the goal alone", len(got))
 	}
 }
