@@ -89,9 +89,12 @@
 //     snapshot they do work — resuming with other skills would send the
 //     model a different prompt than the crashed run's, which Resume refuses
 //     like any other changed parameter.
-//   - A run cancelled while a side effect is in flight finishes with that
-//     intent unanswered; recovery accepts that for cancelled and
-//     resume_state_unknown.
+//   - A run cancelled while a side effect is in flight, whose model client
+//     or executor then returns an error, finishes with that intent
+//     unanswered: the call was interrupted, and whether it partly happened
+//     is not known — the unanswered intent says exactly that. recovery
+//     accepts it for cancelled and resume_state_unknown. A side effect that
+//     returns its outcome is always recorded, cancelled or not.
 //   - A run has one result: the one stored in RunFinished, which Run
 //     returns, Resume of the finished run returns and the projections
 //     rebuild. Its EventDeliveryFailures counts the sink failures of the

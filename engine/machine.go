@@ -224,8 +224,8 @@ func (m *machine) promptChars() int { return m.cfg.prefixChars + m.historyChars 
 
 // afterDurable: the planned batch is durable; ask for the side effect it
 // announced, or end the run. A run cancelled meanwhile starts no side
-// effect: it finishes cancelled, leaving the intent unanswered (nothing
-// happened, and recovery accepts an unanswered intent before
+// effect: it finishes cancelled, leaving the intent unanswered (the side
+// effect was never started; recovery accepts an unanswered intent before
 // RunFinished{cancelled}).
 func (m *machine) afterDurable(in input) command {
 	switch {
