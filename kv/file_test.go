@@ -186,3 +186,47 @@ func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 }
+
+// TestAnAlteredIndexEntryIsDamage: an index entry whose fields were changed
+// (its msgpack intact, its checksum not) is listed as damaged and refused
+// by Load and Append, instead of steering listings and the append rules.
+func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")[:3]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := s.Runs(context.Background())
+	if first := info[0].FirstEvent; !first.Equal(envs[0].Time()) || info[0].LastID != envs[2].ID {
+		t.Fatalf("index entry %+v does not anchor the stream's first time and last key", info[0])
+	}
+	s.Close()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(indexBucket)
+		v := b.Get([]byte("A"))
+		return b.Put([]byte("A"), []byte(strings.Replace(string(v), "running", "finishe", 1)))
+	})
+	db.Close()
+	s, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if runs, _ := s.Runs(context.Background()); len(runs) != 1 || runs[0].Status != StatusDamaged {
+		t.Fatalf("Runs: %+v", runs)
+	}
+	if _, err := s.Load(context.Background(), "A"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Load: %v", err)
+	}
+	if _, err := s.Append(context.Background(), "A", envs[2].ID, proptest.SoundStream("A")[3]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Append: %v", err)
+	}
+}

@@ -141,6 +141,9 @@ func TestASecondOpenInThisProcessSaysSo(t *testing.T) {
 		t.Fatalf("a writer beside readers: got %v, want ErrLocked", err)
 	}
 	r1.Close()
+	if _, err := kv.Open(path, kv.Options{}); !errors.Is(err, kv.ErrLocked) || !strings.Contains(err.Error(), "this process") {
+		t.Fatalf("a writer while one reader is still open: got %v, want ErrLocked by this process", err)
+	}
 	r2.Close()
 	w, err := kv.Open(path, kv.Options{})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -323,5 +324,10 @@ func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
 	runs, _ := s.Runs(ctx)
 	if len(runs) != 1 {
 		t.Fatalf("%d runs listed", len(runs))
+	}
+	// bbolt's limit itself is a valid run id.
+	limit := strings.Repeat("y", bolt.MaxKeySize)
+	if _, err := s.Append(ctx, limit, ulid.ULID{}, proptest.SoundStream(limit)[0]); err != nil {
+		t.Fatalf("a run id of exactly %d bytes: %v", bolt.MaxKeySize, err)
 	}
 }
