@@ -230,3 +230,42 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 		t.Fatalf("Append: %v", err)
 	}
 }
+
+// TestAMissingEventIsDamage: an event deleted from a stream — in the middle
+// or at the tail, each value's checksum intact — is seen through the index
+// entry's anchors, which no per-value checksum could do for the tail.
+func TestAMissingEventIsDamage(t *testing.T) {
+	for _, which := range []string{"middle", "tail"} {
+		t.Run(which, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "s.db")
+			s, err := Open(path, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			envs, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")[:5]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			victim := envs[2].ID
+			if which == "tail" {
+				victim = envs[4].ID
+			}
+			db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.Update(func(tx *bolt.Tx) error { return tx.Bucket(runsBucket).Bucket([]byte("A")).Delete(victim[:]) })
+			db.Close()
+			s, err = Open(path, Options{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			got, err := s.Load(context.Background(), "A")
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") {
+				t.Fatalf("Load after deleting the %s event: %d events, %v", which, len(got), err)
+			}
+		})
+	}
+}
