@@ -269,3 +269,44 @@ func TestAMissingEventIsDamage(t *testing.T) {
 		})
 	}
 }
+
+// TestAppendRefusesARunItsStoreContradicts: an append to a run whose index
+// entry names another last key, or whose id holds a plain value instead of
+// a stream, is refused for that run alone; an append of another run in the
+// same store still lands.
+func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	envs, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:2]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+		if err != nil {
+			return err
+		}
+		info.LastID = envs[0].ID // sealed with a valid checksum, but wrong
+		if err := writeInfo(tx.Bucket(indexBucket), info); err != nil {
+			return err
+		}
+		return tx.Bucket(runsBucket).Put([]byte("V"), []byte("not a stream"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "A", envs[1].ID, proptest.SoundStream("A")[2]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "last event") {
+		t.Fatalf("append to a run whose index names another tail: %v", err)
+	}
+	if _, err := s.Append(ctx, "V", ulid.ULID{}, proptest.SoundStream("V")[0]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "not a stream") {
+		t.Fatalf("append to a run id holding a value: %v", err)
+	}
+	if _, err := s.Append(ctx, "B", ulid.ULID{}, proptest.SoundStream("B")[0]); err != nil {
+		t.Fatalf("another run: %v", err)
+	}
+	s.Close()
+}
