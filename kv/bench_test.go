@@ -344,3 +344,33 @@ func BenchmarkOpen(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkFreelistSync weighs the alternative to the file check at open:
+// keeping bbolt's freelist synced, so bbolt need not walk the file to
+// rebuild it. /floor commits a step's two transactions as kv does (freelist
+// not synced); /polyloop the same with the freelist written on every
+// commit. fsync on: this is the price per step of the alternative.
+func BenchmarkFreelistSync(b *testing.B) {
+	for _, synced := range []bool{false, true} {
+		name := "floor"
+		if synced {
+			name = "polyloop"
+		}
+		b.Run(name, func(b *testing.B) {
+			db, err := bolt.Open(filepath.Join(b.TempDir(), "raw.db"), 0o600, &bolt.Options{NoFreelistSync: !synced})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { db.Close() })
+			vals, run := encodedStep(b), []byte("bench")
+			var ids events.IDSource
+			for b.Loop() {
+				for _, g := range [][]int{{0, 1}, {1, 4}} {
+					if err := proptest.BoltFloor(db, &ids, run, vals[g[0]:g[1]]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -172,6 +172,13 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 	})
+	t.Run("two events under one key", func(t *testing.T) {
+		stream := prefix(5)
+		stream[3].ID = stream[2].ID
+		if err := recovery.Check("r", stream); err == nil || !strings.Contains(err.Error(), "key is not after") {
+			t.Fatalf("got %v", err)
+		}
+	})
 	t.Run("every reason is listed", func(t *testing.T) {
 		err := recovery.Check("r", stamp(cat(s[1:2], s[:1], s[2:3], s[2:3])))
 		var ce *recovery.CorruptError
