@@ -25,6 +25,7 @@ for f in "$@"; do
 			echo "KILLED $f:$n"
 		fi
 		cp "$f.orig" "$f"
+		git clean -fq -- proptest/testdata/rapid # rapid's .fail files from a mutant
 	done < <(grep -nE '^\s*case .+:\s*$' "$f")
 	rm -f "$f.orig"
 	trap - EXIT
