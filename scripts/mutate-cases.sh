@@ -17,7 +17,7 @@ for f in "$@"; do
 		perl -i -pe "if (\$. == $n) { s/^(\s*)case (.+):(\s*)$/\$1case !(\$2):\$3/ }" "$f"
 		if ! go build ./... >/dev/null 2>&1; then
 			nonviable=$((nonviable + 1))
-		elif go test -count=1 -timeout 120s -run "$RUN" $TESTS >/dev/null 2>&1; then
+		elif go test -count=1 -timeout 40s -run "$RUN" $TESTS >/dev/null 2>&1; then
 			lived=$((lived + 1))
 			echo "LIVED  $f:$n: $(sed -n "${n}p" "$f.orig" | sed 's/^[[:space:]]*//')"
 		else
