@@ -43,6 +43,7 @@ mutate:
 		echo "== $$p $$integ"; \
 		GOFLAGS=-count=1 $(GREMLINS) unleash $$integ --workers 2 --timeout-coefficient 10 -o mutation-$$p.json $$ex || exit 1; \
 	done
+	TESTS="./seams/... ./kv ./engine ./recovery ./proptest" ./scripts/mutate-cases.sh engine/machine.go recovery/recovery.go seams/store.go kv/store.go
 
 # Each fuzz target for a bounded time; the committed corpora under
 # testdata/fuzz also run as ordinary tests in make test.

@@ -213,10 +213,7 @@ func create(path string, o Options) error {
 		}
 		return format.Put(formatKey, []byte(formatVersion))
 	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := errors.Join(err, db.Close()); err != nil {
 		return fmt.Errorf("kv: create %s: %w", path, err)
 	}
 	if err := os.Link(name, path); err != nil && !errors.Is(err, fs.ErrExist) {

@@ -81,12 +81,18 @@ func TestFileHeldByAnotherProcessFailsAfterBoundedWait(t *testing.T) {
 	if strings.TrimSpace(line) != "locked" {
 		t.Fatalf("child: %q", line)
 	}
-	for _, o := range []kv.Options{{LockTimeout: 100 * time.Millisecond}, {ReadOnly: true, LockTimeout: 100 * time.Millisecond}} {
+	for _, o := range []kv.Options{{LockTimeout: 100 * time.Millisecond}, {ReadOnly: true, LockTimeout: 100 * time.Millisecond}, {}} {
 		_, err := kv.Open(path, o)
 		if !errors.Is(err, kv.ErrLocked) {
 			t.Fatalf("open %+v: got %v, want ErrLocked", o, err)
 		}
-		if !strings.Contains(err.Error(), "locked by another process") || !strings.Contains(err.Error(), path) {
+		// The wait it names is the one configured, DefaultLockTimeout when unset.
+		wait := o.LockTimeout
+		if wait == 0 {
+			wait = kv.DefaultLockTimeout
+		}
+		if !strings.Contains(err.Error(), "locked by another process") || !strings.Contains(err.Error(), path) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("waited %s", wait)) {
 			t.Errorf("error does not say what happened: %v", err)
 		}
 	}

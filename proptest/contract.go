@@ -134,31 +134,12 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 
 	t.Run("ExactlyOneOfConcurrentStartsWins", func(t *testing.T) {
 		s := open(t)
-		const n = 50
-		var wg sync.WaitGroup
-		errs := make([]error, n)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				start := events.RunStarted{RunID: "race", SchemaVersion: events.CurrentSchemaVersion,
-					ParameterSnapshot: map[string]string{"who": fmt.Sprint(i)}}
-				_, errs[i] = s.Append(ctx, "race", ulid.ULID{}, start)
-			}()
-		}
-		wg.Wait()
-		wins := 0
-		for _, err := range errs {
-			switch {
-			case err == nil:
-				wins++
-			case !errors.Is(err, seams.ErrRunExists):
-				t.Errorf("loser got %v, want ErrRunExists", err)
-			}
-		}
-		if wins != 1 {
-			t.Fatalf("%d of %d concurrent starts won, want exactly 1", wins, n)
-		}
+		exactlyOneWins(t, "concurrent starts", seams.ErrRunExists, func(i int) error {
+			start := events.RunStarted{RunID: "race", SchemaVersion: events.CurrentSchemaVersion,
+				ParameterSnapshot: map[string]string{"who": fmt.Sprint(i)}}
+			_, err := s.Append(ctx, "race", ulid.ULID{}, start)
+			return err
+		})
 		if got := mustLoad(t, s, "race"); len(got) != 1 {
 			t.Fatalf("stream has %d events after the race, want 1", len(got))
 		}
@@ -267,29 +248,10 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		s := open(t)
 		stream := SoundStream("c")
 		at := mustAppend(t, s, "c", stream[:2]...)[1].ID
-		const n = 50
-		var wg sync.WaitGroup
-		errs := make([]error, n)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, errs[i] = s.Append(ctx, "c", at, stream[2], stream[3])
-			}()
-		}
-		wg.Wait()
-		wins := 0
-		for _, err := range errs {
-			switch {
-			case err == nil:
-				wins++
-			case !errors.Is(err, seams.ErrTailMoved):
-				t.Errorf("loser got %v, want ErrTailMoved", err)
-			}
-		}
-		if wins != 1 {
-			t.Fatalf("%d of %d appends continuing one tail won, want exactly 1", wins, n)
-		}
+		exactlyOneWins(t, "appends continuing one tail", seams.ErrTailMoved, func(int) error {
+			_, err := s.Append(ctx, "c", at, stream[2], stream[3])
+			return err
+		})
 		if got := mustLoad(t, s, "c"); len(got) != 4 {
 			t.Fatalf("stream has %d events after the race, want 4", len(got))
 		}
@@ -321,4 +283,33 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 		again()
 	})
+}
+
+// exactlyOneWins runs try 50 times at once and requires exactly one to
+// succeed and every other to fail with lose.
+func exactlyOneWins(t *testing.T, what string, lose error, try func(i int) error) {
+	t.Helper()
+	const n = 50
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = try(i)
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case !errors.Is(err, lose):
+			t.Errorf("%s: a loser got %v, want %v", what, err, lose)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d of %d %s won, want exactly 1", wins, n, what)
+	}
 }
