@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
@@ -196,10 +197,16 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	envs, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")[:3]...)
+	envs, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")[:2]...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(3 * time.Millisecond) // a later millisecond for the last event
+	more, err := s.Append(context.Background(), "A", envs[1].ID, proptest.SoundStream("A")[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs = append(envs, more...)
 	info, _ := s.Runs(context.Background())
 	if first := info[0].FirstEvent; !first.Equal(envs[0].Time()) || info[0].LastID != envs[2].ID {
 		t.Fatalf("index entry %+v does not anchor the stream's first time and last key", info[0])
@@ -235,7 +242,7 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 // or at the tail, each value's checksum intact — is seen through the index
 // entry's anchors, which no per-value checksum could do for the tail.
 func TestAMissingEventIsDamage(t *testing.T) {
-	for _, which := range []string{"middle", "tail"} {
+	for _, which := range []string{"middle", "tail", "index names another tail"} {
 		t.Run(which, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "s.db")
 			s, err := Open(path, Options{})
@@ -255,7 +262,18 @@ func TestAMissingEventIsDamage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			db.Update(func(tx *bolt.Tx) error { return tx.Bucket(runsBucket).Bucket([]byte("A")).Delete(victim[:]) })
+			db.Update(func(tx *bolt.Tx) error {
+				if which == "index names another tail" {
+					// The count still matches; only the last key does not.
+					info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+					if err != nil {
+						return err
+					}
+					info.LastID = envs[3].ID
+					return writeInfo(tx.Bucket(indexBucket), info)
+				}
+				return tx.Bucket(runsBucket).Bucket([]byte("A")).Delete(victim[:])
+			})
 			db.Close()
 			s, err = Open(path, Options{ReadOnly: true})
 			if err != nil {
@@ -263,7 +281,8 @@ func TestAMissingEventIsDamage(t *testing.T) {
 			}
 			defer s.Close()
 			got, err := s.Load(context.Background(), "A")
-			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") {
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") ||
+				which == "index names another tail" && !strings.Contains(err.Error(), "last event") {
 				t.Fatalf("Load after deleting the %s event: %d events, %v", which, len(got), err)
 			}
 		})
