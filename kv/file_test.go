@@ -129,6 +129,12 @@ func TestTheFileCheckRefusesWhatBboltWouldMisuse(t *testing.T) {
 			order.PutUint64(p[pageHeaderSize:], f.rootA)
 			f.put(m.freelist, p)
 		}, "which is in use"},
+		{"two buckets name one root page", false, func(t *testing.T, f *pages) {
+			p := f.page(f.runsRoot)
+			v := value(t, p, "B")
+			order.PutUint64(p[v:], f.rootA) // B's bucket header: its root is A's
+			f.put(f.runsRoot, p)
+		}, "referenced twice"},
 		{"two elements share their data", false, func(t *testing.T, f *pages) {
 			p := f.page(f.runsRoot)
 			// element 1 points at element 0's data

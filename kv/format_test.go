@@ -44,12 +44,14 @@ func TestWhatIsNotAStoreIsRefusedUntouched(t *testing.T) {
 	db.Close()
 	empty := filepath.Join(dir, "empty.db")
 	os.WriteFile(empty, nil, 0o600)
+	tiny := filepath.Join(dir, "tiny.db")
+	os.WriteFile(tiny, []byte("0123456789"), 0o600)
 	text := filepath.Join(dir, "notes.txt")
 	os.WriteFile(text, bytes.Repeat([]byte("not a store\n"), 1000), 0o600)
 	sub := filepath.Join(dir, "a-directory")
 	os.Mkdir(sub, 0o700)
 
-	for _, path := range []string{other, emptyBolt, empty, text, sub} {
+	for _, path := range []string{other, emptyBolt, empty, tiny, text, sub} {
 		before, _ := os.ReadFile(path)
 		for _, ro := range []bool{true, false} {
 			s, err := kv.Open(path, kv.Options{ReadOnly: ro})
@@ -157,10 +159,23 @@ func TestASecondOpenInThisProcessSaysSo(t *testing.T) {
 // durable never intent as that tail, Resume would execute it again). Open
 // refuses, naming the page; AllowMetaRollback accepts and reports it.
 func TestADamagedNewestMetaPageIsRefusedNotRolledBack(t *testing.T) {
+	// One more transaction moves the newest meta to the other page: both
+	// pages get to be the damaged newest one.
+	for extra := range 2 {
+		t.Run(fmt.Sprintf("extra transactions %d", extra), func(t *testing.T) { damagedNewestMeta(t, extra) })
+	}
+}
+
+func damagedNewestMeta(t *testing.T, extra int) {
 	path := filepath.Join(t.TempDir(), "s.db")
 	s, err := kv.Open(path, kv.Options{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i := range extra {
+		if _, err := s.Append(context.Background(), fmt.Sprint("other-", i), ulid.ULID{}, proptest.SoundStream(fmt.Sprint("other-", i))[0]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	stream := proptest.SoundStream("r")
 	envs, err := s.Append(context.Background(), "r", ulid.ULID{}, stream[:3]...)
