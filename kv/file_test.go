@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -334,4 +335,34 @@ func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
 		t.Fatalf("another run: %v", err)
 	}
 	s.Close()
+}
+
+// TestAMetaPageBboltWouldStillUseIsNeverRolledBack: the newest meta page
+// keeps a valid checksum (bbolt would open it) but names a root past its
+// own high-water mark. Refused — with AllowMetaRollback too: falling back
+// is only safe from a page bbolt itself rejects.
+func TestAMetaPageBboltWouldStillUseIsNeverRolledBack(t *testing.T) {
+	path := damagedStore(t, false, func(t *testing.T, f *pages) {
+		newest := uint64(0)
+		if parseMeta(1, f.page(1)).txid > parseMeta(0, f.page(0)).txid {
+			newest = 1
+		}
+		p := f.page(newest)
+		m := p[pageHeaderSize:]
+		order.PutUint64(m[40:], order.Uint64(m[16:])) // high-water mark = root: the root is past it
+		h := fnv.New64a()
+		h.Write(m[:56])
+		order.PutUint64(m[56:], h.Sum64()) // a checksum bbolt accepts
+		f.put(newest, p)
+	})
+	for _, o := range []Options{{}, {AllowMetaRollback: true}, {ReadOnly: true, AllowMetaRollback: true}} {
+		s, err := Open(path, o)
+		if err == nil {
+			s.Close()
+			t.Fatalf("%+v: opened", o)
+		}
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "bbolt itself would open the damaged page") {
+			t.Fatalf("%+v: got %v", o, err)
+		}
+	}
 }
