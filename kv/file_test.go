@@ -87,6 +87,27 @@ func (f *pages) put(id uint64, p []byte) {
 	}
 }
 
+// newestMeta is the file's newest meta page.
+func (f *pages) newestMeta() meta {
+	m := parseMeta(0, f.page(0))
+	if m1 := parseMeta(1, f.page(1)); m1.txid > m.txid {
+		m = m1
+	}
+	return m
+}
+
+// freelistPage is the synced freelist's page id.
+func (f *pages) freelistPage(t *testing.T) uint64 {
+	m := f.newestMeta()
+	if m.freelist == noFreelist {
+		t.Fatal("the freelist was not synced")
+	}
+	return m.freelist
+}
+
+// hwm is the newest meta's high-water mark.
+func (f *pages) hwm(*testing.T) uint64 { return f.newestMeta().pgid }
+
 // value returns the offset in p of the value of the leaf element with key.
 func value(t *testing.T, p []byte, key string) int {
 	for i := range int(order.Uint16(p[10:])) {
@@ -118,18 +139,25 @@ func TestTheFileCheckRefusesWhatBboltWouldMisuse(t *testing.T) {
 			f.put(f.runsRoot, p)
 		}, "the inline bucket's page claims id"},
 		{"a synced freelist lists a page in use", true, func(t *testing.T, f *pages) {
-			m := parseMeta(0, f.page(0))
-			if m1 := parseMeta(1, f.page(1)); m1.txid > m.txid {
-				m = m1
-			}
-			if m.freelist == noFreelist {
-				t.Fatal("the freelist was not synced")
-			}
-			p := f.page(m.freelist)
+			id := f.freelistPage(t)
+			p := f.page(id)
 			order.PutUint16(p[10:], 1)
 			order.PutUint64(p[pageHeaderSize:], f.rootA)
-			f.put(m.freelist, p)
+			f.put(id, p)
 		}, "which is in use"},
+		{"a synced freelist claims more entries than its page holds", true, func(t *testing.T, f *pages) {
+			id := f.freelistPage(t)
+			p := f.page(id)
+			order.PutUint16(p[10:], uint16(f.size/8)) // one more than fits after the header
+			f.put(id, p)
+		}, "more than it holds"},
+		{"a synced freelist lists the high-water mark", true, func(t *testing.T, f *pages) {
+			id := f.freelistPage(t)
+			p := f.page(id)
+			order.PutUint16(p[10:], 1)
+			order.PutUint64(p[pageHeaderSize:], f.hwm(t))
+			f.put(id, p)
+		}, "outside the file's"},
 		{"two buckets name one root page", false, func(t *testing.T, f *pages) {
 			p := f.page(f.runsRoot)
 			v := value(t, p, "B")
