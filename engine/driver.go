@@ -127,12 +127,15 @@ func (d *driver) observe(ctx context.Context, in input) input {
 
 // drive runs the machine from inBegin until it is done.
 func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error) {
+	// Appends get a context of their own, made once per run (see append).
+	wctx, release := graceContext(ctx, d.req.cancelGrace())
+	defer release()
 	in := input{kind: inBegin}
 	for {
 		cmd := m.step(d.observe(ctx, in))
 		switch cmd.kind {
 		case cmdAppend:
-			envs, err := d.append(ctx, cmd.events)
+			envs, err := d.append(ctx, wctx, cmd.events)
 			if err != nil {
 				return events.RunResult{}, err
 			}
@@ -160,12 +163,10 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 // An append is never abandoned because the run was cancelled: the events
 // may record a side effect that already happened (the outcome of an action,
 // a model reply), and losing them would turn a known outcome into one in
-// doubt. The store therefore gets a context detached from ctx that ends
-// CancelGrace after ctx does, whether the append was queued, in flight or
-// not yet started when the cancellation came.
-func (d *driver) append(ctx context.Context, evs []events.Event) ([]events.Envelope, error) {
-	wctx, release := graceContext(ctx, d.req.cancelGrace())
-	defer release()
+// doubt. The store therefore gets wctx, a context detached from the run's
+// ctx that ends CancelGrace after ctx does, whether the append was queued,
+// in flight or not yet started when the cancellation came.
+func (d *driver) append(ctx, wctx context.Context, evs []events.Event) ([]events.Envelope, error) {
 	groups := [][]events.Event{evs}
 	if d.req.OneEventPerTransaction {
 		groups = groups[:0]

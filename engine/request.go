@@ -116,10 +116,14 @@ func (r Request) Validate() error {
 			bad("Budget.%s is %d, must be positive", b.name, b.v)
 		}
 	}
-	if isNil(r.Executor) {
+	te, fromRegistry := r.Executor.(*seams.ToolExecutor)
+	switch {
+	case isNil(r.Executor):
 		bad("Executor is nil")
-	} else if te, ok := r.Executor.(*seams.ToolExecutor); ok && te.Registry() == nil {
+	case fromRegistry && te.Registry() == nil:
 		bad("Executor was derived from a nil *seams.Registry")
+	case fromRegistry && te.Registry() != r.Tools:
+		bad("Executor was derived from a registry other than Tools")
 	}
 	if !r.ModelReplayPolicy.Valid() {
 		if r.ModelReplayPolicy == "" {
@@ -136,9 +140,6 @@ func (r Request) Validate() error {
 	}
 	if r.CancelGrace < 0 {
 		bad("CancelGrace is negative (%s)", r.CancelGrace)
-	}
-	if te, ok := r.Executor.(*seams.ToolExecutor); ok && te != nil && te.Registry() != nil && te.Registry() != r.Tools {
-		bad("Executor was derived from a registry other than Tools")
 	}
 	for ch, list := range r.Injections {
 		for i, inj := range list {
