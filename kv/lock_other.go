@@ -23,4 +23,4 @@ func identity(path string, _ os.FileInfo) any {
 }
 
 // mapFile does not map on these platforms: the file check reads.
-func mapFile(*os.File, int64) ([]byte, func(), error) { return nil, func() {}, nil }
+func mapFile(*os.File, int64) ([]byte, func()) { return nil, func() {} }

@@ -47,17 +47,18 @@ func identity(path string, fi os.FileInfo) any {
 	return path
 }
 
-// mapFile maps size bytes of f read-only for the file check; unmap must be
-// called. The check reads only pages it proved inside the file, and runs
-// with faults turned into panics, so a file cut short meanwhile is an
-// error, not a crash.
-func mapFile(f *os.File, size int64) (data []byte, unmap func(), err error) {
+// mapFile maps size bytes of f read-only for the file check, or returns
+// nil data when it cannot (the check then reads); unmap must be called.
+// The check reads only pages it proved inside the file, and runs with
+// faults turned into panics, so a file cut short meanwhile is an error,
+// not a crash.
+func mapFile(f *os.File, size int64) (data []byte, unmap func()) {
 	if size <= 0 || size != int64(int(size)) {
-		return nil, func() {}, nil
+		return nil, func() {}
 	}
-	data, err = syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
-		return nil, func() {}, nil // fall back to reads
+		return nil, func() {}
 	}
-	return data, func() { syscall.Munmap(data) }, nil
+	return data, func() { syscall.Munmap(data) }
 }

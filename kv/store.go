@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -172,10 +171,7 @@ func openOrCreate(path string, o Options) (*os.File, error) {
 		}
 		f, err = os.OpenFile(path, flag, 0)
 	}
-	switch {
-	case errors.Is(err, syscall.EISDIR):
-		return nil, fmt.Errorf("%w: %s is a directory", ErrNotAStore, path)
-	case err != nil:
+	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err // the path is said once
@@ -280,11 +276,8 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		return fail(named(path, err))
 	}
 	var rep fileReport
-	err = withFaultsAsPanics(func() error {
-		data, unmap, err := mapFile(f, size)
-		if err != nil {
-			return err
-		}
+	err = withFaultsAsPanics(func() (err error) {
+		data, unmap := mapFile(f, size)
 		defer unmap()
 		rep, err = checkFile(f, data, size, o.AllowMetaRollback)
 		return err
@@ -619,8 +612,7 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	var out []events.Envelope
-	var bad []error
+	r := events.StreamReader{RunID: runID}
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
@@ -630,41 +622,36 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 			key := []byte(runID)
 			info, indexed, err := readInfo(index, key)
 			if err != nil {
-				bad = append(bad, err)
+				r.Problem(err)
 			}
 			b := runs.Bucket(key)
 			switch {
 			case b == nil && indexed:
-				bad = append(bad, fmt.Errorf("the index lists run %q but its stream is missing", runID))
+				r.Problem(fmt.Errorf("the index lists run %q but its stream is missing", runID))
 				return nil
 			case b == nil:
 				return nil // never written
 			case !indexed:
-				bad = append(bad, fmt.Errorf("run %q has a stream but no index entry", runID))
+				r.Problem(fmt.Errorf("run %q has a stream but no index entry", runID))
 			}
-			c := b.Cursor()
 			n := 0
 			var last ulid.ULID
+			c := b.Cursor()
 			for k, v := c.First(); k != nil; k, v = c.Next() {
 				n++
-				if len(k) != len(ulid.ULID{}) {
-					bad = append(bad, fmt.Errorf("key %x is not a ULID", k))
+				if len(k) != len(last) {
+					r.Problem(fmt.Errorf("key %x is not a ULID", k))
 					continue
 				}
 				last = ulid.ULID(k)
-				env, err := events.Unmarshal(runID, last, v) // decoding copies what it keeps
-				if err != nil {
-					bad = append(bad, err)
-					continue
-				}
-				out = append(out, env)
+				r.Value(last, v) // decoding copies what it keeps
 			}
 			if indexed && err == nil {
 				if n != info.Events {
-					bad = append(bad, fmt.Errorf("the stream holds %d events, its index entry counts %d: events are missing or were added", n, info.Events))
+					r.Problem(fmt.Errorf("the stream holds %d events, its index entry counts %d: events are missing or were added", n, info.Events))
 				}
 				if info.LastID != (ulid.ULID{}) && last != info.LastID {
-					bad = append(bad, fmt.Errorf("the stream's last event is %s, its index entry names %s: the tail is missing or was added", last, info.LastID))
+					r.Problem(fmt.Errorf("the stream's last event is %s, its index entry names %s: the tail is missing or was added", last, info.LastID))
 				}
 			}
 			return nil
@@ -673,8 +660,9 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 	if err != nil {
 		return nil, fmt.Errorf("kv: load run %q: %w", runID, err)
 	}
-	if len(bad) > 0 {
-		return out, fmt.Errorf("kv: load run %q: %w: %w", runID, ErrCorrupt, &events.DamageError{RunID: runID, Problems: bad})
+	out, err := r.Stream()
+	if err != nil {
+		return out, fmt.Errorf("kv: load run %q: %w: %w", runID, ErrCorrupt, err)
 	}
 	return out, nil
 }
