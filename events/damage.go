@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/oklog/ulid/v2"
 )
 
 // ErrDamaged: a stored stream holds values that do not decode or fail their
@@ -33,3 +35,35 @@ func (e *DamageError) Error() string {
 
 // Unwrap returns ErrDamaged.
 func (e *DamageError) Unwrap() error { return ErrDamaged }
+
+// StreamReader decodes a run's stored values in key order, as a store's
+// Load does, and collects every problem instead of stopping at the first.
+// The zero value with RunID set is ready.
+type StreamReader struct {
+	RunID string
+	envs  []Envelope
+	bad   []error
+}
+
+// Value decodes the value stored under id (Unmarshal, checksum included).
+func (r *StreamReader) Value(id ulid.ULID, b []byte) {
+	env, err := Unmarshal(r.RunID, id, b)
+	if err != nil {
+		r.bad = append(r.bad, err)
+		return
+	}
+	r.envs = append(r.envs, env)
+}
+
+// Problem records a problem the store found itself (an event missing, a
+// key that is not a ULID).
+func (r *StreamReader) Problem(err error) { r.bad = append(r.bad, err) }
+
+// Stream returns the events that decoded, in order, and a *DamageError
+// listing every problem, or nil when there was none.
+func (r *StreamReader) Stream() ([]Envelope, error) {
+	if len(r.bad) == 0 {
+		return r.envs, nil
+	}
+	return r.envs, &DamageError{RunID: r.RunID, Problems: r.bad}
+}

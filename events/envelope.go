@@ -110,11 +110,17 @@ func checksum(runID string, id ulid.ULID, body []byte) uint32 {
 	return crc32.Update(h, castagnoli, body)
 }
 
+// endsWithChecksum reports whether b ends with the checksum field as
+// Marshal writes it (the key "crc" and a four-byte uint32).
+func endsWithChecksum(b []byte) bool {
+	return len(b) >= len(crcTrailer) && bytes.Equal(b[len(b)-len(crcTrailer):len(b)-4], crcTrailer[:5])
+}
+
 // Seal writes the checksum of a value from Marshal, stored under key id in
 // runID's stream, into its last four bytes. Stores call it once they have
 // minted the key; Unmarshal verifies it.
 func Seal(b []byte, runID string, id ulid.ULID) error {
-	if len(b) < len(crcTrailer) || !bytes.Equal(b[len(b)-len(crcTrailer):len(b)-4], crcTrailer[:5]) {
+	if !endsWithChecksum(b) {
 		return errors.New("events: seal: the value does not end with a checksum field (not from Marshal)")
 	}
 	binary.BigEndian.PutUint32(b[len(b)-4:], checksum(runID, id, b[:len(b)-4]))
@@ -193,8 +199,7 @@ func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
 	case w.CRC != nil:
 		// Marshal puts the checksum last; a value whose checksum field is
 		// anywhere else was not written by it.
-		tail := len(b) - len(crcTrailer)
-		if tail < 0 || !bytes.Equal(b[tail:len(b)-4], crcTrailer[:5]) || binary.BigEndian.Uint32(b[len(b)-4:]) != *w.CRC {
+		if !endsWithChecksum(b) || binary.BigEndian.Uint32(b[len(b)-4:]) != *w.CRC {
 			return fail(kind, ErrChecksum, "the checksum is not the value's last field")
 		}
 		if got := checksum(runID, id, b[:len(b)-4]); got != *w.CRC {

@@ -671,20 +671,11 @@ func (r *rawStore) Append(context.Context, string, ulid.ULID, ...events.Event) (
 }
 
 func (r *rawStore) Load(_ context.Context, runID string) ([]events.Envelope, error) {
-	var out []events.Envelope
-	var bad []error
+	sr := events.StreamReader{RunID: runID}
 	for i, v := range r.vals {
-		env, err := events.Unmarshal(runID, r.ids[i], v)
-		if err != nil {
-			bad = append(bad, err)
-			continue
-		}
-		out = append(out, env)
+		sr.Value(r.ids[i], v)
 	}
-	if len(bad) > 0 {
-		return out, &events.DamageError{RunID: runID, Problems: bad}
-	}
-	return out, nil
+	return sr.Stream()
 }
 
 func (r *rawStore) Parameters() map[string]string { return (&seamstest.MemStore{}).Parameters() }

@@ -82,20 +82,11 @@ func (m *MemStore) Load(ctx context.Context, runID string) ([]events.Envelope, e
 	m.mu.Lock()
 	stream := m.streams[runID]
 	m.mu.Unlock()
-	out := make([]events.Envelope, 0, len(stream))
-	var bad []error
+	r := events.StreamReader{RunID: runID}
 	for _, s := range stream {
-		env, err := events.Unmarshal(runID, s.env.ID, s.val)
-		if err != nil {
-			bad = append(bad, err)
-			continue
-		}
-		out = append(out, env)
+		r.Value(s.env.ID, s.val)
 	}
-	if len(bad) > 0 {
-		return out, &events.DamageError{RunID: runID, Problems: bad}
-	}
-	return out, nil
+	return r.Stream()
 }
 
 // Transactions is the number of successful Append calls.
