@@ -40,28 +40,17 @@ func TestTwoDriversOnOneRunExecuteANeverActionOnce(t *testing.T) {
 	const trials = 50
 	for _, store := range []string{"kv", "memory"} {
 		t.Run("ResumeAndResume/"+store, func(t *testing.T) {
-			twice, corrupt, busy, other := 0, 0, 0, 0
+			var tl raceTally
 			for range trials {
 				a := newAgent(storeOf(t, store), "r", seamstest.Replies("ACTION: pay the invoice", "FINAL: paid")...)
 				crashedAtReply(t, a)
-				errs := raceDrivers(a, engine.Resume, engine.Resume)
-				b, o := countErrs(errs...)
-				busy, other = busy+b, other+o
-				if n := len(a.exec.Calls()); n > 1 {
-					twice++
-				}
-				if stream, _ := a.def.Store.Load(context.Background(), "r"); recovery.Check("r", stream) != nil {
-					corrupt++
-				}
+				tl.add(a, raceDrivers(a, engine.Resume, engine.Resume)...)
 			}
-			if twice+corrupt+other > 0 {
-				t.Fatalf("of %d races: never action executed twice in %d, log corrupt in %d, %d errors other than ErrRunBusy",
-					trials, twice, corrupt, other)
-			}
-			t.Logf("%d of %d second drivers refused with ErrRunBusy, the others found the run finished", busy, trials)
+			tl.check(t, trials)
+			t.Logf("%d of %d second drivers refused with ErrRunBusy, the others found the run finished", tl.busy, trials)
 		})
 		t.Run("RunAndResume/"+store, func(t *testing.T) {
-			twice, corrupt, other := 0, 0, 0
+			var tl raceTally
 			for range trials {
 				a := newAgent(storeOf(t, store), "r", seamstest.Replies("ACTION: pay the invoice", "FINAL: paid")...)
 				started := make(chan struct{})
@@ -76,20 +65,40 @@ func TestTwoDriversOnOneRunExecuteANeverActionOnce(t *testing.T) {
 					_, resumeErr = engine.Resume(context.Background(), a.def, a.req)
 				}()
 				wg.Wait()
-				_, o := countErrs(runErr, resumeErr)
-				other += o
-				if n := len(a.exec.Calls()); n > 1 {
-					twice++
-				}
-				if stream, _ := a.def.Store.Load(context.Background(), "r"); recovery.Check("r", stream) != nil {
-					corrupt++
-				}
+				tl.add(a, runErr, resumeErr)
 			}
-			if twice+corrupt+other > 0 {
-				t.Fatalf("of %d races: never action executed twice in %d, log corrupt in %d, %d errors other than ErrRunBusy",
-					trials, twice, corrupt, other)
-			}
+			tl.check(t, trials)
 		})
+	}
+}
+
+// raceTally counts what went wrong over races of drivers on one run.
+type raceTally struct{ twice, corrupt, busy, other int }
+
+// add records one race: the drivers' errors and what the run shows after.
+func (tl *raceTally) add(a *agent, errs ...error) {
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, engine.ErrRunBusy):
+			tl.busy++
+		default:
+			tl.other++
+		}
+	}
+	if len(a.exec.Calls()) > 1 {
+		tl.twice++
+	}
+	if stream, _ := a.def.Store.Load(context.Background(), "r"); recovery.Check("r", stream) != nil {
+		tl.corrupt++
+	}
+}
+
+func (tl *raceTally) check(t *testing.T, trials int) {
+	t.Helper()
+	if tl.twice+tl.corrupt+tl.other > 0 {
+		t.Fatalf("of %d races: never action executed twice in %d, log corrupt in %d, %d errors other than ErrRunBusy",
+			trials, tl.twice, tl.corrupt, tl.other)
 	}
 }
 
@@ -118,20 +127,6 @@ func raceDrivers(a *agent, drivers ...func(context.Context, engine.Definition, e
 	close(gate)
 	wg.Wait()
 	return errs
-}
-
-// countErrs counts ErrRunBusy and other errors among errs.
-func countErrs(errs ...error) (busy, other int) {
-	for _, err := range errs {
-		switch {
-		case err == nil:
-		case errors.Is(err, engine.ErrRunBusy):
-			busy++
-		default:
-			other++
-		}
-	}
-	return busy, other
 }
 
 // signalSink closes ch when it receives an event of kind on.

@@ -35,13 +35,7 @@ func mapped(t testing.TB, path string) bool {
 // kind of error, never ErrLocked; and afterwards the process holds no more
 // descriptors than before and no mapping of the file.
 func TestARefusedOpenReleasesTheFile(t *testing.T) {
-	dir := t.TempDir()
-	good := filepath.Join(dir, "good.db")
-	writeSampleStore(t, good)
-	whole, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, _, whole := sampleStoreFile(t)
 	all, err := proptest.DamageCorpus(whole)
 	if err != nil {
 		t.Fatal(err)

@@ -98,6 +98,20 @@ func TestFileHeldByAnotherProcessFailsAfterBoundedWait(t *testing.T) {
 	}
 }
 
+// sampleStoreFile writes a sample store in a new directory and returns the
+// directory, the file's path and its bytes.
+func sampleStoreFile(t *testing.T) (dir, path string, file []byte) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "good.db")
+	writeSampleStore(t, path)
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, path, file
+}
+
 func writeSampleStore(t *testing.T, path string) {
 	t.Helper()
 	s, err := kv.Open(path, kv.Options{})
@@ -150,13 +164,7 @@ func readAll(path string, o kv.Options) error {
 // TestDamagedFilesGiveErrorsNotPanics: truncation at many points and random
 // bytes are reported as errors by Open, Runs or Load.
 func TestDamagedFilesGiveErrorsNotPanics(t *testing.T) {
-	dir := t.TempDir()
-	good := filepath.Join(dir, "good.db")
-	writeSampleStore(t, good)
-	whole, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, good, whole := sampleStoreFile(t)
 	if err := readAll(good, kv.Options{ReadOnly: true}); err != nil {
 		t.Fatalf("sound file: %v", err)
 	}
