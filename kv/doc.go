@@ -62,8 +62,8 @@
 // Open takes the file lock itself (exclusive for a writer, shared for
 // readers), waiting at most Options.LockTimeout; ErrLocked says whether the
 // holder is another process or this one (a second Open of a file this
-// process has open fails at once). It then proves the file sound with plain
-// reads before bbolt maps it (file.go): both meta pages valid, the file as
+// process has open fails at once). It then proves the file sound before
+// bbolt maps it (file.go): both meta pages valid, the file as
 // long as its pages, and every page reachable from the root in bounds, of
 // the right type, referenced once, with elements inside their pages and keys
 // in order — what bbolt's consistency walk checks, so bbolt never faults

@@ -17,16 +17,20 @@ import (
 // meta page without a word when the newest one is damaged, which silently
 // drops the last committed transaction.
 //
-// So before bbolt sees a file, checkFile reads it with plain reads (no
-// mapping: a short file is an error, never a fault) and proves what bbolt
-// will rely on: both meta pages valid (magic, version, checksum, the page
-// that the transaction id puts them on), the file as long as the newest
-// meta's high-water mark says, and every page reachable from the root —
-// through branch and leaf pages, nested and inline buckets — in bounds,
-// of the right type, referenced once, with every element inside its page
-// and keys in order within and across pages: the checks bbolt's own
-// consistency walk makes (tx_check.go), so the walk it runs when it rebuilds
-// the freelist finds nothing to panic about. The format is bbolt's on-disk
+// So before bbolt sees a file, checkFile reads it — through a read-only
+// mapping of its own, or with reads where there is none; it touches a page
+// only once the meta page proved the page inside the file, and runs with
+// faults turned into errors — and proves what bbolt will rely on: both
+// meta pages valid (magic, version, checksum, the page that the
+// transaction id puts them on), the file as long as the newest meta's
+// high-water mark says, and every page reachable from the root — through
+// branch and leaf pages, nested and inline buckets — in bounds, of the
+// right type, referenced once, with every element inside its page, element
+// data laid out in order without overlap, keys non-empty and in order
+// within and across pages, and a synced freelist listing no page in use:
+// the checks bbolt's own consistency walk makes (tx_check.go) and the
+// layout bbolt writes, so the walk it runs when it rebuilds the freelist
+// finds nothing to panic about. The format is bbolt's on-disk
 // format version 2, in the machine's byte order, as bbolt writes it.
 
 const (

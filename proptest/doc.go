@@ -6,13 +6,18 @@
 // FailedModelCall, sample streams holding every record shape; CrashingStore,
 // a store that dies at its n-th append (pebble's errorfs pattern);
 // SameSteps, trajectory equality with timing aside; BoltFloor, the raw
-// bbolt write the benchmarks measure against.
+// bbolt write the benchmarks measure against; DamageCorpus, damaged copies
+// of a store file.
 //
 // Its own tests are the recovery promise, checked with pgregory.net/rapid:
-// generated runs crashed at every write and resumed
-// (TestPropertyCrashAtEveryWrite), randomly damaged logs refused or resumed
-// soundly (TestPropertyDamagedLogsAreRefusedOrResumedSoundly), and a real
-// process killed with SIGKILL mid-run and resumed (TestRealCrashSIGKILL).
+// generated runs crashed at every write — on MemStore and kv, the resume
+// crashed again and cancelled — and resumed (TestPropertyCrashAtEveryWrite);
+// 2–4 drivers racing on one run (TestPropertyOneDriverPerRun); damaged logs
+// refused or resumed soundly, damage no sound log can hold always refused
+// (TestPropertyDamagedLogsAreRefusedOrResumedSoundly,
+// TestPropertyDamagedBytesAreAlwaysRefused); a real process killed with
+// SIGKILL mid-run and resumed (TestRealCrashSIGKILL); and the damage corpus
+// opened in child processes (TestDamageCorpus; make damage runs all of it).
 // CI runs 1,000 generated runs per property; make prop runs 100,000.
 //
 // Nothing here runs in production code paths.
