@@ -29,12 +29,12 @@ damage:
 	$(GO) test -count=1 -run '^TestDamageCorpus$$' ./proptest -damage.all -v -timeout 60m
 
 # Mutation testing with gremlins (not in CI: it takes tens of minutes).
-# Each package in MUTATE is mutated alone; its own tests judge engine and kv,
+# Each package in MUTATE is mutated alone; its own tests judge engine, events and kv,
 # the whole suite (--integration) judges recovery and seams, whose rules the
 # property tests in proptest and the stores' contract tests exercise.
 # Results: mutation-<pkg>.json and the console; see MUTATION.md.
 GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
-MUTATE   ?= engine recovery kv seams
+MUTATE   ?= engine events recovery kv seams
 TOPDIRS  := cmd engine events examples kv openai projections proptest recovery seams
 mutate:
 	@for p in $(MUTATE); do \

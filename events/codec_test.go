@@ -236,6 +236,7 @@ func TestDecodeRefusesBadInput(t *testing.T) {
 		{"corrupt bytes", []byte{0xde, 0xad, 0xbe, 0xef, 0x01}, events.ErrMalformed},
 		{"not a map", rawEnvelope(t, map[string]any{})[:0], events.ErrMalformed},
 		{"an integer", []byte{0x07}, events.ErrMalformed},
+		{"an empty map", []byte{0x80}, events.ErrMalformed},
 		{"map claiming 4 billion entries", []byte{0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'k'}, events.ErrMalformed},
 		{"trailing bytes", append(rawEnvelope(t, map[string]any{"kind": "intent"}), 0x01), events.ErrMalformed},
 		{"missing version", rawEnvelope(t, map[string]any{"kind": "intent", "payload": intent}), events.ErrMissingVersion},

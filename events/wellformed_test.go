@@ -112,3 +112,27 @@ func TestPropertyWellFormedAgreesWithMsgpack(t *testing.T) {
 		}
 	})
 }
+
+// TestWellFormedAtItsBounds: values that use their bytes exactly, and
+// nesting at the walker's limit and one past it.
+func TestWellFormedAtItsBounds(t *testing.T) {
+	nested := func(levels int) []byte {
+		return append(bytes.Repeat([]byte{0x91}, levels), 0xc0) // [[[…nil…]]]
+	}
+	cases := []struct {
+		name string
+		b    []byte
+		ok   bool
+	}{
+		{"an array whose items fill the value exactly", []byte{0x93, 1, 2, 3}, true},
+		{"an array one item short", []byte{0x93, 1, 2}, false},
+		{"a map whose entries fill the value exactly", []byte{0x81, 0xa1, 'k', 7}, true},
+		{"31 arrays nested, the most the walker takes", nested(31), true},
+		{"32 arrays nested", nested(32), false},
+	}
+	for _, c := range cases {
+		if err := events.WellFormed(c.b); (err == nil) != c.ok {
+			t.Errorf("%s: WellFormed = %v, want ok=%t", c.name, err, c.ok)
+		}
+	}
+}
