@@ -327,3 +327,18 @@ func TestStopReasonsAreTheFrozenTen(t *testing.T) {
 		t.Errorf("stop reasons changed:\n got %s\nwant %s", strings.Join(got, " "), want)
 	}
 }
+
+// TestActionStatusesAreTheFrozenThree: each of the three is valid, nothing
+// else is.
+func TestActionStatusesAreTheFrozenThree(t *testing.T) {
+	for _, s := range []events.ActionStatus{events.StatusExecuted, events.StatusNotExecuted, events.StatusEnvError} {
+		if !s.Valid() {
+			t.Errorf("%q is not valid", s)
+		}
+	}
+	for _, s := range []events.ActionStatus{"", "weird", "Executed"} {
+		if s.Valid() {
+			t.Errorf("%q is valid", s)
+		}
+	}
+}
