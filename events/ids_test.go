@@ -57,7 +57,9 @@ func TestNextAfterStaysAfterAFloorFromTheFuture(t *testing.T) {
 	for i := 6; i < len(maxed); i++ {
 		maxed[i] = 0xff
 	}
-	for _, f := range []ulid.ULID{floor, maxed, {}} {
+	carry := floor // the last byte about to carry into the one before it
+	carry[15] = 0xff
+	for _, f := range []ulid.ULID{floor, carry, maxed, {}} {
 		last := f
 		for range 100 {
 			id := src.NextAfter(now, last)
