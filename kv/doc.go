@@ -87,8 +87,9 @@
 //
 // Why a walk at open rather than a synced freelist, measured both ways
 // (BENCHMARKS.md): with the freelist synced bbolt would not walk the file at
-// open, but every commit writes the freelist page too — a step costs 1.09×
-// what it costs unsynced (BenchmarkFreelistSync, fsync on) — and bbolt
+// open, but every commit writes the freelist page too — a step costs
+// 1.02–1.09× what it costs unsynced (BenchmarkFreelistSync, fsync on, two
+// runs) — and bbolt
 // would trust a damaged freelist page, while damaged pages would surface
 // later, in writes, as panics. Without it bbolt walks every page anyway,
 // lazily and where a panic cannot be caught; kv's walk at open makes open
