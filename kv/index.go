@@ -4,46 +4,26 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-	"time"
 
-	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
 )
 
-// Status is a run's state as the index knows it.
-type Status string
+// Status and RunInfo are the seams' types, under their kv names.
+type (
+	Status  = seams.RunStatus
+	RunInfo = seams.RunInfo
+)
 
+// Index statuses (see seams.RunStatus).
 const (
-	// StatusRunning: the stream has no RunFinished (the run is in progress,
-	// or crashed and may be resumed).
-	StatusRunning Status = "running"
-	// StatusFinished: the stream ends with RunFinished.
-	StatusFinished Status = "finished"
-	// StatusDamaged: the index entry itself is damaged (it does not decode
-	// or fails its checksum); only RunID is known, and loading the run
-	// reports the damage.
-	StatusDamaged Status = "damaged"
+	StatusRunning  = seams.StatusRunning
+	StatusFinished = seams.StatusFinished
+	StatusDamaged  = seams.StatusDamaged
 )
-
-// RunInfo is a run's index entry, maintained in the transaction of every
-// append so listings need not scan streams. Events and LastID anchor the
-// stream: Load refuses a stream with another length or another last key,
-// so an event missing in the middle or at the tail is noticed.
-type RunInfo struct {
-	RunID      string            `msgpack:"run_id"`
-	Status     Status            `msgpack:"status"`
-	Steps      int               `msgpack:"steps"`
-	Events     int               `msgpack:"events"`
-	StopReason events.StopReason `msgpack:"stop_reason"`
-	FirstEvent time.Time         `msgpack:"first_event"`
-	LastEvent  time.Time         `msgpack:"last_event"`
-	// LastID is the key of the stream's last event (zero in entries
-	// written before the store kept it).
-	LastID ulid.ULID `msgpack:"last_id"`
-}
 
 // storedInfo is an index entry as stored: the RunInfo and a CRC-32C over its
 // fields and the run id it is filed under (absent in entries written before
@@ -57,7 +37,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // sum is the entry's checksum: every field, in a fixed order, with the key
 // it is filed under.
-func (r *RunInfo) sum(key []byte) uint32 {
+func infoSum(r *RunInfo, key []byte) uint32 {
 	b := binary.AppendUvarint(nil, uint64(len(key)))
 	b = append(b, key...)
 	for _, s := range []string{r.RunID, string(r.Status), string(r.StopReason)} {
@@ -69,22 +49,6 @@ func (r *RunInfo) sum(key []byte) uint32 {
 	}
 	b = append(b, r.LastID[:]...)
 	return crc32.Checksum(b, castagnoli)
-}
-
-func (r *RunInfo) observe(env events.Envelope) {
-	if r.Events == 0 {
-		r.FirstEvent = env.Time()
-	}
-	r.Events++
-	r.LastEvent = env.Time()
-	r.LastID = env.ID
-	switch ev := env.Event.(type) {
-	case events.StepCompleted:
-		r.Steps++
-	case events.RunFinished:
-		r.Status = StatusFinished
-		r.StopReason = ev.Result.StopReason
-	}
 }
 
 // readInfo reads runID's index entry: ok false when there is none, an
@@ -113,7 +77,7 @@ func decodeInfo(key, v []byte) (RunInfo, error) {
 	if err := msgpack.Unmarshal(v, &st); err != nil {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, key, err)
 	}
-	if st.CRC != nil && *st.CRC != st.sum(key) {
+	if st.CRC != nil && *st.CRC != infoSum(&st.RunInfo, key) {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q fails its checksum", ErrCorrupt, key)
 	}
 	if st.RunID != string(key) {
@@ -125,7 +89,7 @@ func decodeInfo(key, v []byte) (RunInfo, error) {
 // writeInfo stores info, with its checksum, under its run id.
 func writeInfo(index *bolt.Bucket, info RunInfo) error {
 	key := []byte(info.RunID)
-	sum := info.sum(key)
+	sum := infoSum(&info, key)
 	v, err := msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
 	if err != nil {
 		return err

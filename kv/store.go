@@ -583,7 +583,7 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
 		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
-		info.observe(envs[i])
+		info.Observe(envs[i])
 	}
 	if err := writeInfo(index, info); err != nil {
 		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 
@@ -150,4 +151,67 @@ func (l *RunLocks) LockRun(runID string) (func(), error) {
 			l.mu.Unlock()
 		})
 	}, nil
+}
+
+// RunReader is what readers need of a store — the inspector, a viewer, an
+// administrative command — so they depend on it and not on one store: list
+// the runs from the store's index without scanning streams, and load one
+// run's stream (with the damage reporting of RunStore.Load). kv.Store and
+// pgstore.Store implement it, read-only opened stores included.
+type RunReader interface {
+	// Runs lists every run the store's index holds, ordered by run id. An
+	// entry the store finds damaged is listed with StatusDamaged.
+	Runs(ctx context.Context) ([]RunInfo, error)
+	Load(ctx context.Context, runID string) ([]events.Envelope, error)
+}
+
+// RunStatus is a run's state as a store's index knows it.
+type RunStatus string
+
+const (
+	// StatusRunning: the stream has no RunFinished (the run is in progress,
+	// or crashed and may be resumed).
+	StatusRunning RunStatus = "running"
+	// StatusFinished: the stream ends with RunFinished.
+	StatusFinished RunStatus = "finished"
+	// StatusDamaged: the index entry itself is damaged; only RunID is
+	// known, and loading the run reports the damage.
+	StatusDamaged RunStatus = "damaged"
+)
+
+// RunInfo is a run's index entry, which a store maintains in the
+// transaction of every append. Events and LastID anchor the stream: a
+// store's Load refuses a stream with another length or another last key,
+// so an event missing in the middle or at the tail is noticed. (The msgpack
+// names are kv's stored form.)
+type RunInfo struct {
+	RunID      string            `msgpack:"run_id" json:"run_id"`
+	Status     RunStatus         `msgpack:"status" json:"status"`
+	Steps      int               `msgpack:"steps" json:"steps"`
+	Events     int               `msgpack:"events" json:"events"`
+	StopReason events.StopReason `msgpack:"stop_reason" json:"stop_reason"`
+	FirstEvent time.Time         `msgpack:"first_event" json:"first_event"`
+	LastEvent  time.Time         `msgpack:"last_event" json:"last_event"`
+	// LastID is the key of the stream's last event (zero in kv entries
+	// written before the store kept it).
+	LastID ulid.ULID `msgpack:"last_id" json:"last_id"`
+}
+
+// Observe folds one appended event into the entry: what every store does
+// with each event it writes, so all stores count alike.
+func (r *RunInfo) Observe(env events.Envelope) {
+	if r.Events == 0 {
+		r.FirstEvent = env.Time()
+		r.Status = StatusRunning
+	}
+	r.Events++
+	r.LastEvent = env.Time()
+	r.LastID = env.ID
+	switch ev := env.Event.(type) {
+	case events.StepCompleted:
+		r.Steps++
+	case events.RunFinished:
+		r.Status = StatusFinished
+		r.StopReason = ev.Result.StopReason
+	}
 }
