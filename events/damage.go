@@ -45,14 +45,16 @@ type StreamReader struct {
 	bad   []error
 }
 
-// Value decodes the value stored under id (Unmarshal, checksum included).
-func (r *StreamReader) Value(id ulid.ULID, b []byte) {
+// Value decodes the value stored under id (Unmarshal, checksum included)
+// and returns the event, or false when it was a problem.
+func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
 	env, err := Unmarshal(r.RunID, id, b)
 	if err != nil {
 		r.bad = append(r.bad, err)
-		return
+		return Envelope{}, false
 	}
 	r.envs = append(r.envs, env)
+	return env, true
 }
 
 // Problem records a problem the store found itself (an event missing, a

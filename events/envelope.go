@@ -127,6 +127,15 @@ func Seal(b []byte, runID string, id ulid.ULID) error {
 	return nil
 }
 
+// SealedChecksum is the checksum a sealed value carries, for stores that
+// keep it beside the value too; ok is false for a value without one (1.0).
+func SealedChecksum(b []byte) (sum uint32, ok bool) {
+	if !endsWithChecksum(b) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint32(b[len(b)-4:]), true
+}
+
 var encoders = sync.Pool{New: func() any {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)

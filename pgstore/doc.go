@@ -1,0 +1,76 @@
+// Package pgstore is the PostgreSQL implementation of seams.RunStore and
+// seams.RunReader, for services whose workers run on many processes or
+// machines: any worker can continue any run, and readers (polyloop-inspect,
+// the viewer) read while agents write.
+//
+// # Tables
+//
+// A store lives in one schema (DefaultSchema, or Options.Schema): the run
+// index runs (one row per run: status, steps, events, stop reason, first and
+// last event time, last key), and events (run_id, seq, id, kind, value,
+// crc; PRIMARY KEY (run_id, seq)). value is the envelope exactly as package
+// kv stores it — events.Marshal's bytes, sealed with their CRC-32C — so one
+// decoder (events.Unmarshal) serves both stores and a run copied between
+// them is byte-identical; crc repeats the checksum for SQL's sake. The
+// tables come from embedded, numbered migrations (migrations/*.sql), applied
+// by Open (or Migrate) under a transaction-scoped advisory lock, so workers
+// starting together migrate once; schema_migrations records them. A schema
+// at a newer version than SchemaVersion is refused naming both versions;
+// a read-only store refuses any other version.
+//
+// # Appends
+//
+// An append is one SQL statement, so one transaction: it moves the run's
+// index row on — only if the row's last key is the tail the caller names
+// and the run is not finished — and inserts the events numbered after the
+// stream's length. The database thereby enforces the expected-tail rule: of
+// two workers continuing one run, the second waits for the first's row lock,
+// then finds another last key and writes nothing; of two starting one run,
+// the second's insert of the index row conflicts and writes nothing; and
+// the primary key (run_id, seq) backs both. A refused append is explained by
+// seams.CheckAppend applied to the stream's real state, so every store
+// refuses alike. Keys are minted after the caller's tail (which is the
+// stream's last key whenever the append succeeds), so they increase per run
+// whatever the clocks of the machines say.
+//
+// Durable on commit: every connection runs with synchronous_commit=on,
+// whatever the server's or role's default, so Append returns only after
+// PostgreSQL has flushed its WAL (and, where configured, a synchronous
+// standby has it). Concurrent appends from many runs are group-committed by
+// PostgreSQL itself; nothing in the store serialises them.
+//
+// A connection lost mid-append is an error; whether the commit happened is
+// then unknown to the caller, and the engine stops the run. The run stays
+// resumable: Resume loads the stream as committed and continues it (an
+// event that did commit is simply there).
+//
+// # Locks
+//
+// The store embeds seams.RunLocks: in one process, a second driver on a run
+// is refused before it replays anything. Across processes the tail rule is
+// the guarantee (exactly one of two workers continues a run); a second
+// worker's driver may replay a side effect declared safe before its first
+// append is refused. (Session-level advisory locks would hold a pooled
+// connection per running run; the store does not take them.)
+//
+// # Reading
+//
+// Load reads a run in one statement (one snapshot) and checks it: every
+// value's checksum, the crc and kind columns against the value, seq running
+// 1, 2, 3 without a gap, keys increasing, and the length and last key the
+// index row names; damage is reported like kv's (*events.DamageError with
+// everything that did decode). A store opened with Options.ReadOnly runs
+// every statement in a read-only transaction and never migrates.
+//
+// # Connecting
+//
+// Open takes a postgres:// URL or a key=value string as libpq does (the
+// pgxpool parameters such as pool_max_conns too). The first connection is
+// made at Open and bounded by the connect timeout (DefaultConnectTimeout);
+// an unreachable server, wrong credentials and a missing database are
+// errors naming host, port, database and user (never the password).
+//
+// What does not live here: the append rules (seams.CheckAppend), the
+// decoding (events), the bbolt store (kv), and the choice between stores
+// from a path or URL (package stores). pgx types never leave this package.
+package pgstore

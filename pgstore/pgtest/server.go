@@ -1,0 +1,262 @@
+// Package pgtest gives tests a PostgreSQL server: a throwaway one it starts
+// itself (initdb into a temporary directory, the server listening on a Unix
+// socket in that directory and on no TCP port, stopped and removed at the
+// end), or the server named by the environment variable POLYLOOP_PG_DSN.
+//
+// It finds initdb and postgres on PATH or under /usr/lib/postgresql/*/bin.
+// PostgreSQL refuses to run as root, so a test running as root (CI does)
+// starts the server as the unprivileged user "postgres", which Debian's
+// package creates (pgtest creates it when it is missing). Without a server
+// the tests that need one skip, with a line saying how to run them — unless
+// POLYLOOP_PG_REQUIRED is set, which turns the skip into a failure (CI sets
+// it).
+//
+// What does not live here: the store (package pgstore) and its tests.
+package pgtest
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Environment variables read by this package.
+const (
+	// DSNEnv names a server to use instead of a throwaway one.
+	DSNEnv = "POLYLOOP_PG_DSN"
+	// RequiredEnv, when set and not "0", makes a missing server a failure.
+	RequiredEnv = "POLYLOOP_PG_REQUIRED"
+)
+
+// SkipHint is the line a skipped test prints.
+const SkipHint = "no PostgreSQL server: install PostgreSQL (initdb on PATH or in /usr/lib/postgresql/*/bin) or set " +
+	DSNEnv + " to run the PostgreSQL tests"
+
+// Server is a throwaway PostgreSQL server.
+type Server struct {
+	dir  string // data directory and socket directory
+	bin  string // directory holding initdb, pg_ctl, postgres
+	cred *syscall.Credential
+	uid  int
+	// DSN connects to the server's "postgres" database over its socket.
+	DSN string
+}
+
+// Options configure Start.
+type Options struct {
+	// Durable keeps fsync on (benchmarks measure real commits). Tests that
+	// check append rules and recovery, not the disk, run faster without.
+	Durable bool
+}
+
+// Start initialises and starts a throwaway server. Stop it with Stop.
+func Start(o Options) (*Server, error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{bin: bin, uid: os.Getuid()}
+	if os.Geteuid() == 0 {
+		if s.cred, s.uid, err = unprivileged(); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "polyloop-pg-")
+	if err != nil {
+		return nil, err
+	}
+	s.dir = dir
+	if s.cred != nil {
+		if err := os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			s.remove()
+			return nil, err
+		}
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		s.remove()
+		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
+	}
+	fsync := "off"
+	if o.Durable {
+		fsync = "on"
+	}
+	opts := fmt.Sprintf("-c listen_addresses='' -k %s -c fsync=%s -c max_connections=200 -c shared_buffers=128MB", dir, fsync)
+	if out, err := s.run("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+		s.remove()
+		return nil, fmt.Errorf("pgtest: start: %v\n%s%s", err, out, log)
+	}
+	s.DSN = "postgres://postgres@/postgres?host=" + url.QueryEscape(dir) + "&sslmode=disable"
+	return s, nil
+}
+
+// Restart stops the server (fast: connections are dropped) and starts it
+// again on the same socket and data.
+func (s *Server) Restart() error {
+	if out, err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "fast", "-w", "-t", "60", "restart"); err != nil {
+		return fmt.Errorf("pgtest: restart: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Stop stops the server and removes its directory.
+func (s *Server) Stop() error {
+	out, err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "-t", "60", "stop")
+	s.remove()
+	if err != nil {
+		return fmt.Errorf("pgtest: stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+func (s *Server) remove() { os.RemoveAll(s.dir) }
+
+// run runs one of the server's programs as the server's user.
+func (s *Server) run(prog string, args ...string) ([]byte, error) {
+	cmd := exec.Command(filepath.Join(s.bin, prog), args...)
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if s.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	}
+	return cmd.CombinedOutput()
+}
+
+// findBin finds the directory of initdb: PATH first, then Debian's layout,
+// newest version first.
+func findBin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		return filepath.Dir(p), nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("pgtest: initdb not found on PATH or in /usr/lib/postgresql/*/bin")
+}
+
+func version(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+// unprivileged is the user "postgres", created when missing.
+func unprivileged() (*syscall.Credential, int, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "postgres").CombinedOutput(); err != nil {
+			return nil, 0, fmt.Errorf("pgtest: running as root and no user postgres to run the server as; useradd: %v: %s", err, out)
+		}
+		if u, err = user.Lookup("postgres"); err != nil {
+			return nil, 0, err
+		}
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, 0, err
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid, nil
+}
+
+// shared is the test binary's server, started on first use.
+var shared struct {
+	once sync.Once
+	srv  *Server
+	dsn  string
+	err  error
+}
+
+// DSN returns the DSN of a server for t: POLYLOOP_PG_DSN, or the test
+// binary's throwaway server (started on first use, stopped by Main). It
+// skips t when there is none, or fails it when POLYLOOP_PG_REQUIRED is set.
+func DSN(t testing.TB) string {
+	t.Helper()
+	shared.once.Do(func() {
+		if dsn := os.Getenv(DSNEnv); dsn != "" {
+			shared.dsn = dsn
+			return
+		}
+		if _, err := findBin(); err != nil {
+			shared.err = err
+			return
+		}
+		start := time.Now()
+		shared.srv, shared.err = Start(Options{})
+		if shared.err == nil {
+			shared.dsn = shared.srv.DSN
+			fmt.Fprintf(os.Stderr, "pgtest: throwaway PostgreSQL started in %v\n", time.Since(start).Round(time.Millisecond))
+		}
+	})
+	if shared.err != nil {
+		Unavailable(t, shared.err)
+	}
+	return shared.dsn
+}
+
+// Unavailable skips t for want of a server (err says why), or fails it
+// when POLYLOOP_PG_REQUIRED is set.
+func Unavailable(t testing.TB, err error) {
+	t.Helper()
+	if v := os.Getenv(RequiredEnv); v != "" && v != "0" {
+		t.Fatalf("%s is set but no PostgreSQL server could be had: %v", RequiredEnv, err)
+	}
+	t.Skipf("%s (%v)", SkipHint, err)
+}
+
+// Main runs the tests and stops the throwaway server if one was started:
+// call it from TestMain as os.Exit(pgtest.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	if shared.srv != nil {
+		if err := shared.srv.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	return code
+}
+
+// Schema is a schema name no other test of this process uses, derived from
+// t's name: each test gets its own tables in a shared server.
+func Schema(t testing.TB) string {
+	schemaSeq.Lock()
+	schemaSeq.n++
+	n := schemaSeq.n
+	schemaSeq.Unlock()
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return fmt.Sprintf("t%d_%d_%s", os.Getpid(), n, name)
+}
+
+var schemaSeq struct {
+	sync.Mutex
+	n int
+}

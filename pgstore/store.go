@@ -1,0 +1,421 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// DefaultSchema is the schema a store's tables live in unless
+// Options.Schema names another.
+const DefaultSchema = "polyloop"
+
+// DefaultConnectTimeout bounds connecting to the server (each connection
+// of the pool), unless Options.ConnectTimeout or the DSN's connect_timeout
+// says otherwise.
+const DefaultConnectTimeout = 10 * time.Second
+
+// MaxRunIDBytes bounds a run id: PostgreSQL's btree refuses index entries
+// much over 2,700 bytes, and a run id is a key.
+const MaxRunIDBytes = 1024
+
+// Errors. Test with errors.Is.
+var (
+	// ErrReadOnly: Append on a store opened with ReadOnly.
+	ErrReadOnly = errors.New("pgstore: store is open read-only")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("pgstore: store is closed")
+	// ErrSchemaVersion: the database's PolyLoop schema is at another
+	// version than this package's (newer, or older and the store is
+	// read-only).
+	ErrSchemaVersion = errors.New("pgstore: schema version mismatch")
+	// ErrCorrupt wraps every damage Load and Runs find.
+	ErrCorrupt = errors.New("pgstore: store is corrupt")
+)
+
+// Options configure Open.
+type Options struct {
+	// Schema is the PostgreSQL schema holding the store's tables
+	// (DefaultSchema when empty). One database can hold several stores.
+	Schema string
+	// ConnectTimeout bounds each connection attempt (DefaultConnectTimeout
+	// when zero and the DSN sets no connect_timeout).
+	ConnectTimeout time.Duration
+	// ReadOnly opens the store for reading: no migration, every statement in
+	// a read-only transaction, Append fails with ErrReadOnly. Readers
+	// (polyloop-inspect) use it while agents write.
+	ReadOnly bool
+	// MaxConns bounds the connection pool; zero leaves pgxpool's default
+	// (the DSN's pool_max_conns, else the larger of 4 and the CPU count).
+	// Concurrent appends beyond it wait for a connection.
+	MaxConns int32
+}
+
+// Store is a seams.RunStore (and seams.RunReader) on PostgreSQL. Share one
+// Store between all runs of a process; Close it when done.
+type Store struct {
+	seams.RunLocks // in-process courtesy locks; see the package doc
+
+	pool     *pgxpool.Pool
+	schema   string
+	target   string // host, port, database and user, for errors
+	readOnly bool
+	ids      events.IDSource
+	clock    func() time.Time // time.Now; a test hook
+	q        queries
+}
+
+// queries are the statements, with the schema filled in.
+type queries struct {
+	start, cont, state, load, runs string
+}
+
+// Open connects to the database dsn names (a postgres:// URL or a
+// key=value string, as libpq takes them), applies the store's migrations
+// unless ReadOnly (Migrate), and checks the schema version. It fails within
+// the connect timeout with an error naming the host when the server cannot
+// be reached, and with a clear error for wrong credentials or a missing
+// database.
+func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", scrub(err))
+	}
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.ConnectTimeout > 0 || cfg.ConnConfig.ConnectTimeout == 0 {
+		t := o.ConnectTimeout
+		if t == 0 {
+			t = DefaultConnectTimeout
+		}
+		cfg.ConnConfig.ConnectTimeout = t
+	}
+	if o.MaxConns > 0 {
+		cfg.MaxConns = o.MaxConns
+	}
+	rt := cfg.ConnConfig.RuntimeParams
+	// Durable on commit whatever the server's or role's default says.
+	rt["synchronous_commit"] = "on"
+	if o.ReadOnly {
+		rt["default_transaction_read_only"] = "on"
+	}
+	if rt["application_name"] == "" {
+		rt["application_name"] = "polyloop"
+	}
+	s := &Store{
+		schema:   o.Schema,
+		target:   describe(cfg.ConnConfig),
+		readOnly: o.ReadOnly,
+		clock:    time.Now,
+		q:        newQueries(pgx.Identifier{o.Schema}.Sanitize()),
+	}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("pgstore: %s: %w", s.target, scrub(err))
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout)
+	defer cancel()
+	if err := s.pool.Ping(pingCtx); err != nil {
+		s.pool.Close()
+		return nil, s.connectError(err, cfg.ConnConfig.ConnectTimeout)
+	}
+	if o.ReadOnly {
+		err = s.checkVersion(ctx)
+	} else {
+		err = s.Migrate(ctx)
+	}
+	if err != nil {
+		s.pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// describe names a connection target without its password.
+func describe(c *pgx.ConnConfig) string {
+	return fmt.Sprintf("host=%s port=%d database=%s user=%s", c.Host, c.Port, c.Database, c.User)
+}
+
+// connectError explains a failed first connection.
+func (s *Store) connectError(err error, timeout time.Duration) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "28P01", "28000":
+			return fmt.Errorf("pgstore: %s: authentication failed (wrong user or password): %w", s.target, scrub(err))
+		case "3D000":
+			return fmt.Errorf("pgstore: %s: the database does not exist: %w", s.target, scrub(err))
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return fmt.Errorf("pgstore: %s: no answer from the server within the %v connect timeout: %w", s.target, timeout, scrub(err))
+	}
+	return fmt.Errorf("pgstore: cannot connect to %s: %w", s.target, scrub(err))
+}
+
+// scrub drops a password pgx may quote from a connection string.
+func scrub(err error) error {
+	msg := err.Error()
+	if i := strings.Index(msg, "password="); i >= 0 {
+		j := strings.IndexAny(msg[i:], " `'\"")
+		if j < 0 {
+			j = len(msg) - i
+		}
+		return fmt.Errorf("%s%s%s", msg[:i], "password=xxxxx", msg[i+j:])
+	}
+	return err
+}
+
+func newQueries(schema string) queries {
+	sub := strings.NewReplacer("{{schema}}", schema).Replace
+	// The rows an append writes: the batch's events, numbered after the
+	// stream's base (its length before the append).
+	insertEvents := `
+INSERT INTO {{schema}}.events (run_id, seq, id, kind, value, crc)
+SELECT $1, r.base + t.ord, t.id, t.kind, t.value, t.crc
+FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALITY AS t(id, kind, value, crc, ord)`
+	return queries{
+		// A new run: its index row, unless one exists (then no row, and
+		// nothing is written: of two concurrent starts one waits for the
+		// other's commit and writes nothing).
+		start: sub(`WITH r AS (
+	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id)
+	VALUES ($1, $6, $7, $8, $9, $12, $10, $11)
+	ON CONFLICT (run_id) DO NOTHING
+	RETURNING 0::bigint AS base)` + insertEvents),
+		// A continued run: its index row moves on only when the stream's
+		// last key is the caller's tail ($12) and the run is not finished;
+		// a concurrent continuation waits for the row lock, then finds
+		// another last key and writes nothing.
+		cont: sub(`WITH r AS (
+	UPDATE {{schema}}.runs SET status = $6, steps = steps + $7, events = events + $8,
+		stop_reason = $9, last_event = $10, last_id = $11
+	WHERE run_id = $1 AND last_id = $12 AND status = 'running'
+	RETURNING events - $8 AS base)` + insertEvents),
+		state: sub(`SELECT last_id, status FROM {{schema}}.runs WHERE run_id = $1`),
+		load: sub(`SELECT r.events, r.last_id, e.seq, e.id, e.kind, e.value, e.crc
+FROM {{schema}}.runs r LEFT JOIN {{schema}}.events e ON e.run_id = r.run_id
+WHERE r.run_id = $1 ORDER BY e.seq`),
+		runs: sub(`SELECT run_id, status, steps, events, stop_reason, first_event, last_event, last_id
+FROM {{schema}}.runs ORDER BY run_id COLLATE "C"`),
+	}
+}
+
+// Schema is the PostgreSQL schema holding the store's tables.
+func (s *Store) Schema() string { return s.schema }
+
+// Parameters implements seams.RunStore: nothing changes how a run behaves.
+func (s *Store) Parameters() map[string]string { return map[string]string{"kind": "postgres"} }
+
+// Append implements seams.RunStore in one statement, so one transaction,
+// durable on commit: the batch's events and the run's index row. The
+// append rules are seams.CheckAppend's, and the database enforces the
+// tail: the index row moves on only from the tail the caller names.
+func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
+	if s.readOnly {
+		return nil, ErrReadOnly
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(runID) > MaxRunIDBytes {
+		return nil, fmt.Errorf("pgstore: run id is %d bytes, longer than the %d-byte limit", len(runID), MaxRunIDBytes)
+	}
+	// The batch must be valid continuing the stream the caller saw; the
+	// database then checks that the stream is what the caller saw.
+	if err := seams.CheckAppend(runID, after, false, after, evs); err != nil {
+		return nil, s.refusal(ctx, runID, after, evs, err)
+	}
+	n := len(evs)
+	ids, kinds, vals, crcs := make([][]byte, n), make([]string, n), make([][]byte, n), make([]int64, n)
+	envs := make([]events.Envelope, n)
+	info := seams.RunInfo{Status: seams.StatusRunning}
+	now, tail := s.clock(), after
+	for i, ev := range evs {
+		v, err := events.Marshal(ev)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: append to %q: event %d (%s): %w", runID, i, ev.Kind(), err)
+		}
+		tail = s.ids.NextAfter(now, tail)
+		if err := events.Seal(v, runID, tail); err != nil {
+			return nil, err
+		}
+		sum, _ := events.SealedChecksum(v)
+		id := tail
+		ids[i], kinds[i], vals[i], crcs[i] = id[:], string(ev.Kind()), v, int64(sum)
+		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		info.Observe(envs[i])
+	}
+	q, args := s.q.cont, []any{runID, ids, kinds, vals, crcs,
+		string(info.Status), info.Steps, info.Events, string(info.StopReason), info.LastEvent, info.LastID[:], after[:]}
+	if after == (ulid.ULID{}) {
+		q, args[11] = s.q.start, info.FirstEvent
+	}
+	tag, err := s.pool.Exec(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written unless the commit's answer was lost; Load tells): %w", n, runID, err)
+	}
+	if tag.RowsAffected() != int64(n) {
+		return nil, s.refusal(ctx, runID, after, evs, nil)
+	}
+	return envs, nil
+}
+
+// refusal explains an append refused against the stream the caller saw
+// (rule, nil when the database found the stream moved): it reads the
+// stream's real state and applies seams.CheckAppend to it, so every store
+// refuses with the same error.
+func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs []events.Event, rule error) error {
+	var last []byte
+	var status string
+	err := s.pool.QueryRow(ctx, s.q.state, runID).Scan(&last, &status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		last, err = make([]byte, 16), nil
+	}
+	if err != nil {
+		if rule != nil {
+			return rule
+		}
+		return fmt.Errorf("pgstore: append to %q was refused and its stream's state could not be read: %w", runID, err)
+	}
+	if len(last) != 16 {
+		return fmt.Errorf("%w: run %q: last_id is %d bytes, not a ULID", ErrCorrupt, runID, len(last))
+	}
+	if err := seams.CheckAppend(runID, ulid.ULID(last), status == string(seams.StatusFinished), after, evs); err != nil {
+		return err
+	}
+	if rule != nil {
+		return rule
+	}
+	// The stream moved on and back cannot happen (tails only grow); a
+	// refusal the rules do not explain is still a refusal.
+	return fmt.Errorf("append to %q after %s: %w", runID, after, seams.ErrTailMoved)
+}
+
+// Load implements seams.RunStore and seams.RunReader in one statement (one
+// snapshot). Every value's checksum is verified, the stored checksum and
+// kind columns must agree with the value, sequence numbers must run 1, 2, 3
+// without a gap, keys must increase, and the stream must have the length
+// and last key its index row names.
+func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	rows, err := s.pool.Query(ctx, s.q.load, runID)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
+	}
+	defer rows.Close()
+	r := events.StreamReader{RunID: runID}
+	var (
+		count   int64
+		anchor  []byte
+		seq     *int64
+		id      []byte
+		kind    *string
+		value   []byte
+		crc     *int64
+		n       int64
+		last    ulid.ULID
+		indexed bool
+	)
+	for rows.Next() {
+		indexed = true
+		if err := rows.Scan(&count, &anchor, &seq, &id, &kind, &value, &crc); err != nil {
+			return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
+		}
+		if seq == nil {
+			break // an index row without events
+		}
+		n++
+		if *seq != n {
+			r.Problem(fmt.Errorf("event %d is stored as number %d: events are missing or were added", n, *seq))
+			n = *seq
+		}
+		if len(id) != 16 {
+			r.Problem(fmt.Errorf("event %d: key %x is not a ULID", *seq, id))
+			continue
+		}
+		key := ulid.ULID(id)
+		if key.Compare(last) <= 0 {
+			r.Problem(fmt.Errorf("event %d: key %s does not follow %s", *seq, key, last))
+		}
+		last = key
+		if sum, ok := events.SealedChecksum(value); ok && (crc == nil || uint32(*crc) != sum || *crc < 0 || *crc > 1<<32-1) {
+			r.Problem(fmt.Errorf("event %d (%s): its crc column disagrees with the value's checksum", *seq, key))
+		}
+		if env, ok := r.Value(key, value); ok && (kind == nil || *kind != string(env.Kind)) {
+			r.Problem(fmt.Errorf("event %d (%s): its kind column says %v, the value is %s", *seq, key, deref(kind), env.Kind))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
+	}
+	if indexed {
+		if n != count {
+			r.Problem(fmt.Errorf("the stream holds %d events, its index row counts %d: events are missing or were added", n, count))
+		}
+		if len(anchor) != 16 || ulid.ULID(anchor) != last {
+			r.Problem(fmt.Errorf("the stream's last event is %s, its index row names %x: the tail is missing or was added", last, anchor))
+		}
+	}
+	out, err := r.Stream()
+	if err != nil {
+		return out, fmt.Errorf("pgstore: load run %q: %w: %w", runID, ErrCorrupt, err)
+	}
+	return out, nil
+}
+
+func deref(p *string) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+// Runs implements seams.RunReader: the index rows, ordered by run id
+// (bytewise, as kv orders them). A row whose values break the index's
+// rules is listed with StatusDamaged.
+func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
+	rows, err := s.pool.Query(ctx, s.q.runs)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: list runs: %w", err)
+	}
+	defer rows.Close()
+	var out []seams.RunInfo
+	for rows.Next() {
+		var (
+			info         seams.RunInfo
+			status, stop string
+			last         []byte
+			count        int64
+		)
+		if err := rows.Scan(&info.RunID, &status, &info.Steps, &count, &stop, &info.FirstEvent, &info.LastEvent, &last); err != nil {
+			return nil, fmt.Errorf("pgstore: list runs: %w", err)
+		}
+		info.Status, info.StopReason, info.Events = seams.RunStatus(status), events.StopReason(stop), int(count)
+		if len(last) == 16 {
+			info.LastID = ulid.ULID(last)
+		} else {
+			info = seams.RunInfo{RunID: info.RunID, Status: seams.StatusDamaged}
+		}
+		out = append(out, info)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgstore: list runs: %w", err)
+	}
+	return out, nil
+}
+
+// Close closes the pool, waiting for connections in use to be returned.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
