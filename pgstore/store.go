@@ -20,6 +20,10 @@ import (
 // Options.Schema names another.
 const DefaultSchema = "polyloop"
 
+// SchemaParam is the DSN parameter naming the store's schema
+// (postgres://host/db?polyloop_schema=agents) when Options.Schema is empty.
+const SchemaParam = "polyloop_schema"
+
 // DefaultConnectTimeout bounds connecting to the server (each connection
 // of the pool), unless Options.ConnectTimeout or the DSN's connect_timeout
 // says otherwise.
@@ -45,8 +49,9 @@ var (
 
 // Options configure Open.
 type Options struct {
-	// Schema is the PostgreSQL schema holding the store's tables
-	// (DefaultSchema when empty). One database can hold several stores.
+	// Schema is the PostgreSQL schema holding the store's tables (the DSN's
+	// polyloop_schema parameter, else DefaultSchema, when empty). One
+	// database can hold several stores.
 	Schema string
 	// ConnectTimeout bounds each connection attempt (DefaultConnectTimeout
 	// when zero and the DSN sets no connect_timeout).
@@ -90,6 +95,12 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", scrub(err))
+	}
+	if sch, ok := cfg.ConnConfig.RuntimeParams[SchemaParam]; ok {
+		delete(cfg.ConnConfig.RuntimeParams, SchemaParam) // ours, not the server's
+		if o.Schema == "" {
+			o.Schema = sch
+		}
 	}
 	if o.Schema == "" {
 		o.Schema = DefaultSchema
@@ -214,8 +225,11 @@ FROM {{schema}}.runs ORDER BY run_id COLLATE "C"`),
 // Schema is the PostgreSQL schema holding the store's tables.
 func (s *Store) Schema() string { return s.schema }
 
-// Parameters implements seams.RunStore: nothing changes how a run behaves.
-func (s *Store) Parameters() map[string]string { return map[string]string{"kind": "postgres"} }
+// Parameters implements seams.RunStore, as kv does: the store's kind and
+// the wire version of the events it writes.
+func (s *Store) Parameters() map[string]string {
+	return map[string]string{"kind": "postgres", "schema_version": events.CurrentSchemaVersion}
+}
 
 // Append implements seams.RunStore in one statement, so one transaction,
 // durable on commit: the batch's events and the run's index row. The

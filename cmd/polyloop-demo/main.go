@@ -4,7 +4,7 @@
 // folder the demo writes). It prints the result and where the store is, so
 // polyloop-inspect can show what happened.
 //
-//	polyloop-demo [-store polyloop-demo.db] [-run RUN_ID]
+//	polyloop-demo [-store polyloop-demo.db | -store postgres://…] [-run RUN_ID]
 package main
 
 import (
@@ -19,13 +19,13 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
+	"github.com/polyloop/polyloop/stores"
 )
 
 func main() {
-	storePath := flag.String("store", "polyloop-demo.db", "bbolt store file")
+	storePath := flag.String("store", "polyloop-demo.db", "bbolt store file or postgres:// URL")
 	runID := flag.String("run", "", "run id (default: demo-<time>)")
 	flag.Parse()
 	if *runID == "" {
@@ -57,7 +57,7 @@ func run(storePath, runID string) error {
 	if err != nil {
 		return err
 	}
-	store, err := kv.Open(storePath, kv.Options{})
+	store, err := stores.Open(context.Background(), storePath, stores.Options{})
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,6 @@ func run(storePath, runID string) error {
 	if err != nil {
 		return err
 	}
-	abs, _ := filepath.Abs(storePath)
 	fmt.Printf("run %s stopped: %s after %d steps\n", result.RunID, result.StopReason, len(result.Steps))
 	for _, s := range result.Steps {
 		tool := "-"
@@ -99,7 +98,7 @@ func run(storePath, runID string) error {
 		}
 		fmt.Printf("  step %d  tool=%-11s parse_ok=%-5v %q\n", s.StepIdx, tool, s.ParseOK, firstLine(s.Observation))
 	}
-	fmt.Printf("store: %s\n", abs)
+	fmt.Printf("store: %s\n", stores.Describe(storePath))
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/stores"
 )
 
 // Exit statuses.
@@ -25,11 +27,14 @@ var lockWait = 2 * time.Second
 
 const usage = `polyloop-inspect dumps and verifies PolyLoop event stores (read-only).
 
+STORE is a bbolt file or a postgres:// URL (read in read-only transactions,
+while agents write; ?polyloop_schema=NAME picks the schema).
+
 Usage:
-  polyloop-inspect runs FILE                  list runs: status, steps, stop reason, times
-  polyloop-inspect events [--json] FILE RUN   every event of a run
-  polyloop-inspect steps [--json] FILE RUN    a run's trajectory (StepRecord per step)
-  polyloop-inspect verify FILE [RUN]          recovery's verdict for one or all runs
+  polyloop-inspect runs STORE                  list runs: status, steps, stop reason, times
+  polyloop-inspect events [--json] STORE RUN   every event of a run
+  polyloop-inspect steps [--json] STORE RUN    a run's trajectory (StepRecord per step)
+  polyloop-inspect verify STORE [RUN]          recovery's verdict for one or all runs
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
 Exit status: 0 all well, 1 a run is corrupt or the store is unreadable, 2 bad usage.
@@ -55,18 +60,18 @@ of its first and last event. Status is one of
   in doubt  a crash left a side effect's outcome unknown (see verify)
   corrupt   the log breaks a structural rule (see verify)
 `},
-	{name: "events", min: 2, max: 2, json: true, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] FILE RUN
+	{name: "events", min: 2, max: 2, json: true, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] STORE RUN
 
 Prints every event of RUN: ULID, time, kind and a one-line summary. With
 --json, one JSON object per line: id, time, kind, schema_version, payload.
 `},
-	{name: "steps", min: 2, max: 2, json: true, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] FILE RUN
+	{name: "steps", min: 2, max: 2, json: true, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
 Prints RUN's trajectory as a table. With --json, JSON Lines with exactly the
 eighteen StepRecord fields (absent values are null), readable as is by a
 data-frame library.
 `},
-	{name: "verify", min: 1, max: 2, run: verifyCommand, help: `Usage: polyloop-inspect verify FILE [RUN]
+	{name: "verify", min: 1, max: 2, run: verifyCommand, help: `Usage: polyloop-inspect verify STORE [RUN]
 
 Recovery's verdict for RUN, or for every run: finished; resumable, at which
 breakpoint and what Resume would do; or corrupt, with every reason. For a run
@@ -125,9 +130,10 @@ func (c command) invoke(args []string, stdout, stderr io.Writer) int {
 	return c.run(stdout, positional, asJSON)
 }
 
-// openStore opens a store read-only, waiting a bounded time for a writer.
-func openStore(w io.Writer, path string) (*kv.Store, bool) {
-	s, err := kv.Open(path, kv.Options{ReadOnly: true, LockTimeout: lockWait})
+// openStore opens a store file or a postgres:// URL read-only, waiting a
+// bounded time for a bbolt file's writer.
+func openStore(w io.Writer, path string) (stores.Store, bool) {
+	s, err := stores.Open(context.Background(), path, stores.Options{ReadOnly: true, LockTimeout: lockWait})
 	if err != nil {
 		if errors.Is(err, kv.ErrLocked) {
 			fmt.Fprintf(w, "error: %s is held for writing: %v; stop the writer or retry\n", path, err)

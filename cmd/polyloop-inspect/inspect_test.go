@@ -37,6 +37,13 @@ func fixtureStore(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer store.Close()
+	writeFixture(t, store)
+	return path
+}
+
+// writeFixture writes the fixture's runs into store.
+func writeFixture(t *testing.T, store seams.RunStore) {
+	t.Helper()
 	reg, err := seams.NewRegistry(
 		seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
 			Handler: func(context.Context, map[string]any) (string, error) { return "3 files", nil }},
@@ -82,7 +89,6 @@ func fixtureStore(t *testing.T) string {
 	); err != nil {
 		t.Fatal(err)
 	}
-	return path
 }
 
 var (
@@ -118,7 +124,39 @@ var stepRow = regexp.MustCompile(`^\d+  (ok|failed)  `)
 // and compares output and exit status with testdata/transcripts.golden.
 func TestTranscripts(t *testing.T) {
 	path := fixtureStore(t)
-	cases := [][]string{
+	got := transcript(path, transcriptCases(path))
+	golden := filepath.Join("testdata", "transcripts.golden")
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output changed; got:\n%s", got)
+	}
+}
+
+// transcript runs each command in-process and returns what it printed and
+// its exit status, normalised.
+func transcript(path string, cases [][]string) string {
+	var all bytes.Buffer
+	for _, args := range cases {
+		var out, errOut bytes.Buffer
+		code := run(args, &out, &errOut)
+		fmt.Fprintf(&all, "$ polyloop-inspect %s\n%s%s[exit %d]\n\n", strings.Join(args, " "), out.String(), errOut.String(), code)
+	}
+	return normalise(all.String(), path)
+}
+
+// transcriptCases are the commands run against the fixture store at path.
+func transcriptCases(path string) [][]string {
+	return [][]string{
 		{"runs", path},
 		{"verify", path},
 		{"verify", path, "a-finished"},
@@ -139,28 +177,6 @@ func TestTranscripts(t *testing.T) {
 		{"steps", "--help"},
 		{"verify", "--help"},
 		{"runs", filepath.Join(filepath.Dir(path), "missing.db")},
-	}
-	var all bytes.Buffer
-	for _, args := range cases {
-		var out, errOut bytes.Buffer
-		code := run(args, &out, &errOut)
-		fmt.Fprintf(&all, "$ polyloop-inspect %s\n%s%s[exit %d]\n\n", strings.Join(args, " "), out.String(), errOut.String(), code)
-	}
-	got := normalise(all.String(), path)
-	golden := filepath.Join("testdata", "transcripts.golden")
-	if *update {
-		os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output changed; got:\n%s", got)
 	}
 }
 

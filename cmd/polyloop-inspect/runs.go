@@ -6,12 +6,12 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // runStatus is a run's status for listings, from recovery's verdict.
-func runStatus(s *kv.Store, runID string) (status string, verdict recovery.Verdict, err error) {
+func runStatus(s seams.RunReader, runID string) (status string, verdict recovery.Verdict, err error) {
 	stream, err := s.Load(context.Background(), runID)
 	v, err := recovery.ClassifyLoaded(runID, stream, err)
 	switch {

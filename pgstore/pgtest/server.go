@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/polyloop/polyloop/pgstore"
 )
 
 // Environment variables read by this package.
@@ -259,4 +261,16 @@ func Schema(t testing.TB) string {
 var schemaSeq struct {
 	sync.Mutex
 	n int
+}
+
+// StoreURL is DSN(t) naming a schema of t's own (Schema(t)) with the
+// polyloop_schema parameter, as a user would pass it to polyloop-inspect.
+func StoreURL(t testing.TB) string {
+	t.Helper()
+	dsn := DSN(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + pgstore.SchemaParam + "=" + Schema(t)
 }

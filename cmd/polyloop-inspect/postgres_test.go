@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// pgURL returns a postgres:// URL of a fresh store on the test server and
+// the store opened for writing.
+func pgURL(t *testing.T) (string, *pgstore.Store) {
+	t.Helper()
+	url := pgtest.StoreURL(t)
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return url, s
+}
+
+// TestPostgresTranscriptsMatchTheFileStore: every inspector command prints
+// the same for the fixture's runs stored in PostgreSQL as for the bbolt
+// file (the missing-file case aside; the store's kind in the parameter
+// snapshot differs).
+func TestPostgresTranscriptsMatchTheFileStore(t *testing.T) {
+	url, store := pgURL(t)
+	writeFixture(t, store)
+	path := fixtureStore(t)
+	want := transcript(path, readCases(path))
+	got := strings.ReplaceAll(transcript(url, readCases(url)), `"store.kind":"postgres"`, `"store.kind":"bbolt"`)
+	if got != want {
+		t.Errorf("postgres transcript differs from the file's:\n%s\nfile:\n%s", got, want)
+	}
+}
+
+// readCases are transcriptCases that read a store.
+func readCases(target string) [][]string {
+	var out [][]string
+	for _, c := range transcriptCases(target) {
+		if joined := strings.Join(c, " "); strings.Contains(joined, target) && !strings.Contains(joined, "missing.db") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// TestPostgresIsInspectedWhileAnAgentWrites: a run in progress, its store
+// open for writing, is listed and verified at once (a bbolt file would be
+// held by its writer).
+func TestPostgresIsInspectedWhileAnAgentWrites(t *testing.T) {
+	url, store := pgURL(t)
+	model := &pausingModel{Model: &seamstest.Model{Turns: seamstest.Replies(`TOOL count {}`, `FINAL: done`)},
+		at: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	def := engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store}
+	reg, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
+		Handler: func(context.Context, map[string]any) (string, error) { return "3", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		_, err := engine.Run(context.Background(), def, engine.Request{RunID: "live", Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
+			Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 10_000}})
+		done <- err
+	}()
+	select {
+	case <-model.entered:
+	case err := <-done:
+		t.Fatalf("the run ended before its second model call: %v", err)
+	}
+	inspect := func(args ...string) string {
+		var out, errOut strings.Builder
+		if code := run(args, &out, &errOut); code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	// Mid-run, between the model call's intent and its result: one step
+	// done, a model call in doubt (what a crash now would leave).
+	if got := inspect("runs", url); !regexp.MustCompile(`live +in doubt +1 `).MatchString(got) {
+		t.Fatalf("run in progress not listed:\n%s", got)
+	}
+	if got := inspect("verify", url, "live"); !strings.Contains(got, "model_call_unknown") {
+		t.Fatalf("verify during the run:\n%s", got)
+	}
+	close(model.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := inspect("runs", url); !strings.Contains(got, "finished") {
+		t.Fatalf("finished run:\n%s", got)
+	}
+}
+
+// pausingModel holds its at-th call until release is closed.
+type pausingModel struct {
+	*seamstest.Model
+	at               int32
+	n                atomic.Int32
+	entered, release chan struct{}
+}
+
+func (m *pausingModel) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
+	if m.n.Add(1) == m.at {
+		close(m.entered)
+		<-m.release
+	}
+	return m.Model.Call(ctx, call)
+}
