@@ -50,9 +50,10 @@ type Server struct {
 	dir  string // data directory and socket directory
 	bin  string // directory holding initdb, pg_ctl, postgres
 	cred *syscall.Credential
-	uid  int
-	// DSN connects to the server's "postgres" database over its socket.
-	DSN string
+	// DSN connects to the server's "postgres" database over its socket,
+	// as the superuser postgres with Password.
+	DSN      string
+	Password string
 }
 
 // Options configure Start.
@@ -68,9 +69,9 @@ func Start(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin, uid: os.Getuid()}
+	s := &Server{bin: bin}
 	if os.Geteuid() == 0 {
-		if s.cred, s.uid, err = unprivileged(); err != nil {
+		if s.cred, err = unprivileged(); err != nil {
 			return nil, err
 		}
 	}
@@ -85,8 +86,20 @@ func Start(o Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	// A password, so tests can present a wrong one.
+	s.Password = fmt.Sprintf("pw%d", time.Now().UnixNano())
+	pwfile := filepath.Join(dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(s.Password+"\n"), 0o600); err != nil {
+		s.remove()
+		return nil, err
+	}
+	if s.cred != nil {
+		os.Chown(pwfile, int(s.cred.Uid), int(s.cred.Gid))
+	}
 	data := filepath.Join(dir, "data")
-	if out, err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+	out, err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwfile, "-E", "UTF8", "--no-sync")
+	os.Remove(pwfile)
+	if err != nil {
 		s.remove()
 		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
 	}
@@ -100,7 +113,7 @@ func Start(o Options) (*Server, error) {
 		s.remove()
 		return nil, fmt.Errorf("pgtest: start: %v\n%s%s", err, out, log)
 	}
-	s.DSN = "postgres://postgres@/postgres?host=" + url.QueryEscape(dir) + "&sslmode=disable"
+	s.DSN = "postgres://postgres:" + s.Password + "@/postgres?host=" + url.QueryEscape(dir) + "&sslmode=disable"
 	return s, nil
 }
 
@@ -161,22 +174,22 @@ func version(binDir string) int {
 }
 
 // unprivileged is the user "postgres", created when missing.
-func unprivileged() (*syscall.Credential, int, error) {
+func unprivileged() (*syscall.Credential, error) {
 	u, err := user.Lookup("postgres")
 	if err != nil {
 		if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "postgres").CombinedOutput(); err != nil {
-			return nil, 0, fmt.Errorf("pgtest: running as root and no user postgres to run the server as; useradd: %v: %s", err, out)
+			return nil, fmt.Errorf("pgtest: running as root and no user postgres to run the server as; useradd: %v: %s", err, out)
 		}
 		if u, err = user.Lookup("postgres"); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 	}
 	uid, err1 := strconv.Atoi(u.Uid)
 	gid, err2 := strconv.Atoi(u.Gid)
 	if err := errors.Join(err1, err2); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid, nil
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 // shared is the test binary's server, started on first use.

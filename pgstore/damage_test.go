@@ -1,0 +1,62 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/pgstore"
+)
+
+// TestDamagedRowsAreReported: rows changed behind the store's back are
+// refused by Load with a DamageError naming the problem, together with
+// the events that still decode.
+func TestDamagedRowsAreReported(t *testing.T) {
+	cases := []struct {
+		name, sql, want string
+		decoded         int // events Load still returns
+	}{
+		{"middle event deleted", `DELETE FROM {{schema}}.events WHERE run_id = 'd' AND seq = 2`,
+			"event 2 is stored as number 3", 3},
+		{"last event deleted", `DELETE FROM {{schema}}.events WHERE run_id = 'd' AND seq = 4`,
+			"the tail is missing", 3},
+		{"value byte flipped", `UPDATE {{schema}}.events SET value = set_byte(value, 20, get_byte(value, 20) # 1) WHERE run_id = 'd' AND seq = 3`,
+			"checksum", 3},
+		{"crc column changed", `UPDATE {{schema}}.events SET crc = crc # 1 WHERE run_id = 'd' AND seq = 3`,
+			"crc column disagrees", 4},
+		{"kind column changed", `UPDATE {{schema}}.events SET kind = 'intent' WHERE run_id = 'd' AND seq = 3`,
+			"kind column says intent, the value is model_call_result", 4},
+		{"keys out of order", `UPDATE {{schema}}.events SET id = (SELECT id FROM {{schema}}.events WHERE run_id = 'd' AND seq = 1) WHERE run_id = 'd' AND seq = 2`,
+			"does not follow", 3},
+		{"event appended behind the index", `INSERT INTO {{schema}}.events SELECT run_id, 5, id, kind, value, crc FROM {{schema}}.events WHERE run_id = 'd' AND seq = 4`,
+			"counts 4", 5},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := open(t, pgstore.Options{})
+			failure := "boom"
+			if _, err := s.Append(ctx, "d", ulid.ULID{},
+				events.RunStarted{RunID: "d", SchemaVersion: events.CurrentSchemaVersion},
+				events.Intent{RunID: "d", IntentKind: events.IntentModelCall, ResultID: "m0", ReplayPolicy: events.ReplaySafe},
+				events.ModelCallResult{RunID: "d", ResultID: "m0", Failure: &failure},
+				events.Intent{RunID: "d", IntentKind: events.IntentModelCall, CallIndex: 1, ResultID: "m1", ReplayPolicy: events.ReplaySafe},
+			); err != nil {
+				t.Fatal(err)
+			}
+			exec(t, s.Schema(), c.sql)
+			got, err := s.Load(ctx, "d")
+			var de *events.DamageError
+			if !errors.Is(err, pgstore.ErrCorrupt) || !errors.As(err, &de) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("load: %v, want damage saying %q", err, c.want)
+			}
+			if len(got) != c.decoded {
+				t.Errorf("%d events decoded, want %d", len(got), c.decoded)
+			}
+		})
+	}
+}

@@ -1,0 +1,213 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+)
+
+// exec runs sql on the test server (the test's own connection, not the
+// store's), with the schema's name for {{schema}}.
+func exec(t *testing.T, schema, sql string, args ...any) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	sql = strings.ReplaceAll(sql, "{{schema}}", pgx.Identifier{schema}.Sanitize())
+	if _, err := conn.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestConcurrentOpensMigrateOnce: eight workers opening a fresh schema at
+// once all succeed, and each migration is recorded once.
+func TestConcurrentOpensMigrateOnce(t *testing.T) {
+	dsn, schema := pgtest.DSN(t), pgtest.Schema(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{Schema: schema})
+			if err == nil {
+				s.Close()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n, max int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*), max(version) FROM `+pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&n, &max); err != nil {
+		t.Fatal(err)
+	}
+	if n != pgstore.SchemaVersion || max != pgstore.SchemaVersion {
+		t.Fatalf("%d migrations recorded, last %d; want %d", n, max, pgstore.SchemaVersion)
+	}
+}
+
+// TestSchemaVersionsAreChecked: a newer schema is refused naming both
+// versions; a read-only store refuses a schema it would have to create.
+func TestSchemaVersionsAreChecked(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	s := open(t, pgstore.Options{})
+	exec(t, s.Schema(), `INSERT INTO {{schema}}.schema_migrations (version, name) VALUES (99, 'from the future')`)
+	for _, ro := range []bool{false, true} {
+		_, err := pgstore.Open(ctx, dsn, pgstore.Options{Schema: s.Schema(), ReadOnly: ro})
+		want := fmt.Sprintf("at version 99, this package reads and writes version %d", pgstore.SchemaVersion)
+		if !errors.Is(err, pgstore.ErrSchemaVersion) || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("read-only %v: newer schema opened with %v", ro, err)
+		}
+	}
+	_, err := pgstore.Open(ctx, dsn, pgstore.Options{Schema: pgtest.Schema(t), ReadOnly: true})
+	if !errors.Is(err, pgstore.ErrSchemaVersion) || !strings.Contains(fmt.Sprint(err), "holds no PolyLoop store") {
+		t.Errorf("read-only open of an empty schema: %v", err)
+	}
+}
+
+// TestReadOnlyStoreWritesNothing: Append fails with ErrReadOnly, Migrate
+// too, while reading works.
+func TestReadOnlyStoreWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	w := open(t, pgstore.Options{})
+	if _, err := w.Append(ctx, "r", ulid.ULID{}, events.RunStarted{RunID: "r", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+	r := open(t, pgstore.Options{Schema: w.Schema(), ReadOnly: true})
+	if _, err := r.Append(ctx, "s", ulid.ULID{}, events.RunStarted{RunID: "s", SchemaVersion: events.CurrentSchemaVersion}); !errors.Is(err, pgstore.ErrReadOnly) {
+		t.Fatalf("append on a read-only store: %v", err)
+	}
+	if err := r.Migrate(ctx); !errors.Is(err, pgstore.ErrReadOnly) {
+		t.Fatalf("migrate on a read-only store: %v", err)
+	}
+	if got, err := r.Load(ctx, "r"); err != nil || len(got) != 1 {
+		t.Fatalf("load: %d events, %v", len(got), err)
+	}
+	if runs, err := r.Runs(ctx); err != nil || len(runs) != 1 || runs[0].RunID != "r" || runs[0].Events != 1 {
+		t.Fatalf("runs: %+v, %v", runs, err)
+	}
+}
+
+// TestConnectionFailuresAreClear: an unreachable server fails within the
+// connect timeout naming the host; a wrong password, an unknown user and a
+// missing database each say so; the password is never echoed.
+func TestConnectionFailuresAreClear(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(f func(u *url.URL)) string {
+		c := *u
+		f(&c)
+		return c.String()
+	}
+	// A listener that accepts and never answers: a server that hangs.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	host, port, _ := net.SplitHostPort(l.Addr().String())
+	cases := []struct {
+		name, dsn string
+		want      []string
+	}{
+		{"silent server", "postgres://u:secret@" + host + ":" + port + "/db?sslmode=disable",
+			[]string{"host=127.0.0.1", "port=" + port, "within the 300ms connect timeout"}},
+		{"wrong password", with(func(u *url.URL) { u.User = url.UserPassword("postgres", "secret") }),
+			[]string{"authentication failed", "user=postgres"}},
+		{"unknown user", with(func(u *url.URL) { u.User = url.UserPassword("nobody", "secret") }),
+			[]string{"authentication failed", "user=nobody"}},
+		{"missing database", with(func(u *url.URL) { u.Path = "/no_such_db" }),
+			[]string{"database=no_such_db", "the database does not exist"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			_, err := pgstore.Open(ctx, c.dsn, pgstore.Options{ConnectTimeout: 300 * time.Millisecond})
+			if err == nil {
+				t.Fatal("opened")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("error %q shows the password", err)
+			}
+			if d := time.Since(start); d > 20*time.Second {
+				t.Errorf("took %v", d) // a hang, not a timing assertion
+			}
+		})
+	}
+}
+
+// TestKeysIncreaseWhenTheClockStepsBack: a writer whose clock is an hour
+// behind the stream's keys still appends after them.
+func TestKeysIncreaseWhenTheClockStepsBack(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgstore.Options{})
+	envs, err := s.Append(ctx, "c", ulid.ULID{}, events.RunStarted{RunID: "c", SchemaVersion: events.CurrentSchemaVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := open(t, pgstore.Options{Schema: s.Schema()})
+	pgstore.SetClock(late, func() time.Time { return time.Now().Add(-time.Hour) })
+	more, err := late.Append(ctx, "c", envs[0].ID, events.Intent{RunID: "c", IntentKind: events.IntentModelCall, ResultID: "m0", ReplayPolicy: events.ReplaySafe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if more[0].ID.Compare(envs[0].ID) <= 0 {
+		t.Fatalf("key %s minted after %s", more[0].ID, envs[0].ID)
+	}
+	if got, err := s.Load(ctx, "c"); err != nil || len(got) != 2 {
+		t.Fatalf("load: %d, %v", len(got), err)
+	}
+}
+
+// TestOverlongRunIDIsRefused: a clear error, nothing written.
+func TestOverlongRunIDIsRefused(t *testing.T) {
+	s := open(t, pgstore.Options{})
+	id := strings.Repeat("x", pgstore.MaxRunIDBytes+1)
+	_, err := s.Append(context.Background(), id, ulid.ULID{}, events.RunStarted{RunID: id, SchemaVersion: events.CurrentSchemaVersion})
+	if err == nil || !strings.Contains(err.Error(), "1025 bytes, longer than the 1024-byte limit") {
+		t.Fatalf("append: %v", err)
+	}
+}
