@@ -4,17 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/oklog/ulid/v2"
 	"pgregory.net/rapid"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
@@ -23,18 +27,66 @@ import (
 )
 
 // storeFactory opens new, empty stores of one kind for rapid checks (rapid.T
-// has no TempDir, so kv files go to the test's directory under fresh names).
+// has no TempDir, so kv files go to the test's directory under fresh names;
+// PostgreSQL has one store, emptied for each open).
 type storeFactory struct {
-	dir string
-	n   atomic.Int64
+	dir    string
+	n      atomic.Int64
+	pg     *pgstore.Store
+	pgConn *pgx.Conn
+}
+
+// newStoreFactory prepares stores for t: PostgreSQL too when a server is
+// at hand (pgtest), or fails t when one is required and missing.
+func newStoreFactory(t *testing.T) *storeFactory {
+	f := &storeFactory{dir: t.TempDir()}
+	dsn, err := pgtest.Lookup()
+	if err != nil {
+		if v := os.Getenv(pgtest.RequiredEnv); v != "" && v != "0" {
+			t.Fatalf("%s is set: %v", pgtest.RequiredEnv, err)
+		}
+		t.Logf("PostgreSQL left out: %s", pgtest.SkipHint)
+		return f
+	}
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	if f.pg, err = pgstore.Open(ctx, dsn, pgstore.Options{Schema: schema, MaxConns: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if f.pgConn, err = pgx.Connect(ctx, dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.pg.Close(); f.pgConn.Close(ctx) })
+	return f
+}
+
+// kinds is the store kinds drawn from: base, and PostgreSQL when there is
+// a server (weighted like kv).
+func (f *storeFactory) kinds(base ...string) []string {
+	if f.pg == nil {
+		return base
+	}
+	for _, k := range base {
+		if k == "kv" {
+			base = append(base, "postgres")
+		}
+	}
+	return base
 }
 
 // open returns a new store of the named kind and a function closing it. kv
 // runs without fsync: these properties test the append rules and recovery,
-// not the disk.
+// not the disk (the test server runs without fsync too).
 func (f *storeFactory) open(t *rapid.T, kind string) (seams.RunStore, func()) {
-	if kind == "memory" {
+	switch kind {
+	case "memory":
 		return &seamstest.MemStore{}, func() {}
+	case "postgres":
+		q := "TRUNCATE " + pgx.Identifier{f.pg.Schema(), "events"}.Sanitize() + ", " + pgx.Identifier{f.pg.Schema(), "runs"}.Sanitize()
+		if _, err := f.pgConn.Exec(context.Background(), q); err != nil {
+			t.Fatalf("empty the postgres store: %v", err)
+		}
+		return f.pg, func() {}
 	}
 	path := filepath.Join(f.dir, fmt.Sprintf("s%d.db", f.n.Add(1)))
 	s, err := kv.Open(path, kv.Options{NoSync: true})
@@ -73,10 +125,10 @@ var driverStats struct {
 // called and executed nothing.
 func TestPropertyOneDriverPerRun(t *testing.T) {
 	ctx := context.Background()
-	stores := &storeFactory{dir: t.TempDir()}
+	stores := newStoreFactory(t)
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawScenario(t)
-		kind := rapid.SampledFrom([]string{"memory", "kv"}).Draw(t, "store")
+		kind := rapid.SampledFrom(stores.kinds("memory", "kv")).Draw(t, "store")
 		shared := rapid.Bool().Draw(t, "shared_store")
 		inner, closeStore := stores.open(t, kind)
 		defer closeStore()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 	if !set {
 		flag.Set("rapid.checks", "1000")
 	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m))
 }
 
 // scenario is a generated run: the model's turns by call index, the
@@ -153,6 +154,7 @@ var crashStats struct {
 	sync.Mutex
 	runs, crashPoints, unknown, resumeCrashes, cancelled int
 	rows                                                 map[recovery.State]int
+	kinds                                                map[string]int // crash points per store kind
 }
 
 // TestPropertyCrashAtEveryWrite: for generated runs, on MemStore and kv,
@@ -166,11 +168,11 @@ var crashStats struct {
 // reached.
 func TestPropertyCrashAtEveryWrite(t *testing.T) {
 	ctx := context.Background()
-	stores := &storeFactory{dir: t.TempDir()}
-	crashStats.rows = map[recovery.State]int{}
+	stores := newStoreFactory(t)
+	crashStats.rows, crashStats.kinds = map[recovery.State]int{}, map[string]int{}
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawScenario(t)
-		kind := rapid.SampledFrom([]string{"memory", "memory", "memory", "kv"}).Draw(t, "store")
+		kind := rapid.SampledFrom(stores.kinds("memory", "memory", "memory", "kv")).Draw(t, "store")
 		resumeCrash := rapid.SampledFrom([]int{-1, -1, 0, 1, 2, 3, 5}).Draw(t, "resume_crash_after")
 		cancelAt := rapid.SampledFrom([]int{-1, -1, -1, 0, 1, 2, 4}).Draw(t, "cancel_at_side_effect")
 		refStore := &seamstest.MemStore{}
@@ -189,13 +191,19 @@ func TestPropertyCrashAtEveryWrite(t *testing.T) {
 			closeStore()
 		}
 		crashStats.Lock()
+		crashStats.kinds[kind] += total
+		crashStats.Unlock()
+		crashStats.Lock()
 		crashStats.runs++
 		crashStats.Unlock()
 	})
 	crashStats.Lock()
 	defer crashStats.Unlock()
-	t.Logf("%d generated runs, %d crash points resumed (%d of them crashed again while resuming, %d cancelled), %d stopped as resume_state_unknown; rows reached: %v",
-		crashStats.runs, crashStats.crashPoints, crashStats.resumeCrashes, crashStats.cancelled, crashStats.unknown, crashStats.rows)
+	t.Logf("%d generated runs, %d crash points resumed (%d of them crashed again while resuming, %d cancelled), %d stopped as resume_state_unknown; rows reached: %v; crash points by store: %v",
+		crashStats.runs, crashStats.crashPoints, crashStats.resumeCrashes, crashStats.cancelled, crashStats.unknown, crashStats.rows, crashStats.kinds)
+	if stores.pg != nil && crashStats.kinds["postgres"] == 0 {
+		t.Errorf("no crash point ran on PostgreSQL")
+	}
 	for _, row := range []recovery.State{recovery.BetweenSteps, recovery.ModelCallUnknown, recovery.KnownFailure,
 		recovery.ReplyStored, recovery.ActionUnknown} {
 		if crashStats.rows[row] == 0 {

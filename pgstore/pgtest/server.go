@@ -205,6 +205,15 @@ var shared struct {
 // skips t when there is none, or fails it when POLYLOOP_PG_REQUIRED is set.
 func DSN(t testing.TB) string {
 	t.Helper()
+	dsn, err := Lookup()
+	if err != nil {
+		Unavailable(t, err)
+	}
+	return dsn
+}
+
+// Lookup is DSN without a test: the server's DSN, or why there is none.
+func Lookup() (string, error) {
 	shared.once.Do(func() {
 		if dsn := os.Getenv(DSNEnv); dsn != "" {
 			shared.dsn = dsn
@@ -221,10 +230,7 @@ func DSN(t testing.TB) string {
 			fmt.Fprintf(os.Stderr, "pgtest: throwaway PostgreSQL started in %v\n", time.Since(start).Round(time.Millisecond))
 		}
 	})
-	if shared.err != nil {
-		Unavailable(t, shared.err)
-	}
-	return shared.dsn
+	return shared.dsn, shared.err
 }
 
 // Unavailable skips t for want of a server (err says why), or fails it
