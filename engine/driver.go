@@ -48,8 +48,11 @@ func lockRun(store seams.RunStore, runID string) (func(), error) {
 		return func() {}, nil
 	}
 	release, err := l.LockRun(runID)
-	if err != nil {
+	if errors.Is(err, seams.ErrRunLocked) {
 		return nil, fmt.Errorf("%w: %w", ErrRunBusy, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("engine: reserve run %q: %w", runID, err)
 	}
 	return release, nil
 }

@@ -46,12 +46,19 @@
 //
 // # Locks
 //
-// The store embeds seams.RunLocks: in one process, a second driver on a run
-// is refused before it replays anything. Across processes the tail rule is
-// the guarantee (exactly one of two workers continues a run); a second
-// worker's driver may replay a side effect declared safe before its first
-// append is refused. (Session-level advisory locks would hold a pooled
-// connection per running run; the store does not take them.)
+// The store implements seams.RunLocker across processes and machines: the
+// engine reserves a run before reading it, with a session-level advisory
+// lock (pg_try_advisory_lock on the schema and run id) held on a pooled
+// connection until the run returns; the run's appends go through that same
+// connection. A second worker — in this process or any other — is refused
+// at once (engine.ErrRunBusy) before it calls the model or replays
+// anything, so it cannot mistake a live worker's action in flight for a
+// crash's. A worker that dies drops its connection, and PostgreSQL releases
+// the lock. The lock is the courtesy; the tail rule stays the guarantee
+// (a driver that does not lock, or a lock lost with its connection, still
+// cannot continue a run another continued). A running run holds one
+// connection, so Options.MaxConns (DefaultMaxConns) bounds the runs one
+// process drives at once.
 //
 // # Reading
 //

@@ -17,6 +17,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // exec runs sql on the test server (the test's own connection, not the
@@ -202,12 +203,69 @@ func TestKeysIncreaseWhenTheClockStepsBack(t *testing.T) {
 	}
 }
 
-// TestOverlongRunIDIsRefused: a clear error, nothing written.
-func TestOverlongRunIDIsRefused(t *testing.T) {
+// TestRunIDsPostgresCannotKeepAreRefused: a clear error from Append and
+// LockRun, nothing written.
+func TestRunIDsPostgresCannotKeepAreRefused(t *testing.T) {
 	s := open(t, pgstore.Options{})
-	id := strings.Repeat("x", pgstore.MaxRunIDBytes+1)
-	_, err := s.Append(context.Background(), id, ulid.ULID{}, events.RunStarted{RunID: id, SchemaVersion: events.CurrentSchemaVersion})
-	if err == nil || !strings.Contains(err.Error(), "1025 bytes, longer than the 1024-byte limit") {
-		t.Fatalf("append: %v", err)
+	for id, want := range map[string]string{
+		strings.Repeat("x", pgstore.MaxRunIDBytes+1): "1025 bytes, longer than the 1024-byte limit",
+		"a\x00b": "NUL byte",
+		"\xff":   "not valid UTF-8",
+	} {
+		_, err := s.Append(context.Background(), id, ulid.ULID{}, events.RunStarted{RunID: id, SchemaVersion: events.CurrentSchemaVersion})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("append: %v, want %q", err, want)
+		}
+		if _, err := s.LockRun(id); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("lock: %v, want %q", err, want)
+		}
+	}
+	if runs, err := s.Runs(context.Background()); err != nil || len(runs) != 0 {
+		t.Fatalf("runs: %v %v", runs, err)
+	}
+}
+
+// TestRunLocksHoldAcrossProcesses: a run reserved through one store (one
+// process's pool) is refused through another until released, or until the
+// holder's connection is gone (a dead worker's lock is not left behind).
+func TestRunLocksHoldAcrossProcesses(t *testing.T) {
+	a := open(t, pgstore.Options{})
+	b := open(t, pgstore.Options{Schema: a.Schema()})
+	release, err := a.LockRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) || !strings.Contains(err.Error(), "another process") {
+		t.Fatalf("second process locked a held run: %v", err)
+	}
+	if _, err := a.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) || !strings.Contains(err.Error(), "this process") {
+		t.Fatalf("second lock in the holding process: %v", err)
+	}
+	other := open(t, pgstore.Options{Schema: pgtest.Schema(t)})
+	if rel, err := other.LockRun("r"); err != nil {
+		t.Fatalf("a store in another schema is blocked by this one's lock: %v", err)
+	} else {
+		rel()
+	}
+	release()
+	release() // safe twice
+	relB, err := b.LockRun("r")
+	if err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	// The holder dies: its connections close, and the lock goes with them.
+	b.Close()
+	_ = relB
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rel, err := a.LockRun("r")
+		if err == nil {
+			rel()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a dead holder's lock was left behind: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,16 +31,19 @@ const SchemaParam = "polyloop_schema"
 // says otherwise.
 const DefaultConnectTimeout = 10 * time.Second
 
+// DefaultMaxConns is the pool size unless Options.MaxConns or the DSN's
+// pool_max_conns says otherwise.
+const DefaultMaxConns = 32
+
 // MaxRunIDBytes bounds a run id: PostgreSQL's btree refuses index entries
-// much over 2,700 bytes, and a run id is a key.
+// much over 2,700 bytes, and a run id is a key. A run id must also be valid
+// UTF-8 without NUL bytes (PostgreSQL text); kv takes any bytes.
 const MaxRunIDBytes = 1024
 
 // Errors. Test with errors.Is.
 var (
 	// ErrReadOnly: Append on a store opened with ReadOnly.
 	ErrReadOnly = errors.New("pgstore: store is open read-only")
-	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("pgstore: store is closed")
 	// ErrSchemaVersion: the database's PolyLoop schema is at another
 	// version than this package's (newer, or older and the store is
 	// read-only).
@@ -60,17 +65,17 @@ type Options struct {
 	// a read-only transaction, Append fails with ErrReadOnly. Readers
 	// (polyloop-inspect) use it while agents write.
 	ReadOnly bool
-	// MaxConns bounds the connection pool; zero leaves pgxpool's default
-	// (the DSN's pool_max_conns, else the larger of 4 and the CPU count).
-	// Concurrent appends beyond it wait for a connection.
+	// MaxConns bounds the connection pool: zero means the DSN's
+	// pool_max_conns, else DefaultMaxConns. A run driven by this process
+	// holds one connection (LockRun), so this bounds the runs it drives at
+	// once; keep it below the server's max_connections divided by the
+	// number of worker processes.
 	MaxConns int32
 }
 
 // Store is a seams.RunStore (and seams.RunReader) on PostgreSQL. Share one
 // Store between all runs of a process; Close it when done.
 type Store struct {
-	seams.RunLocks // in-process courtesy locks; see the package doc
-
 	pool     *pgxpool.Pool
 	schema   string
 	target   string // host, port, database and user, for errors
@@ -78,6 +83,10 @@ type Store struct {
 	ids      events.IDSource
 	clock    func() time.Time // time.Now; a test hook
 	q        queries
+
+	connectTimeout time.Duration
+	lockMu         sync.Mutex
+	locks          map[string]*runLock // runs this process reserved (LockRun)
 }
 
 // queries are the statements, with the schema filled in.
@@ -112,8 +121,11 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		}
 		cfg.ConnConfig.ConnectTimeout = t
 	}
-	if o.MaxConns > 0 {
+	switch {
+	case o.MaxConns > 0:
 		cfg.MaxConns = o.MaxConns
+	case !strings.Contains(dsn, "pool_max_conns"):
+		cfg.MaxConns = DefaultMaxConns
 	}
 	rt := cfg.ConnConfig.RuntimeParams
 	// Durable on commit whatever the server's or role's default says.
@@ -130,6 +142,9 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		readOnly: o.ReadOnly,
 		clock:    time.Now,
 		q:        newQueries(pgx.Identifier{o.Schema}.Sanitize()),
+
+		connectTimeout: cfg.ConnConfig.ConnectTimeout,
+		locks:          map[string]*runLock{},
 	}
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("pgstore: %s: %w", s.target, scrub(err))
@@ -242,8 +257,8 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if len(runID) > MaxRunIDBytes {
-		return nil, fmt.Errorf("pgstore: run id is %d bytes, longer than the %d-byte limit", len(runID), MaxRunIDBytes)
+	if err := checkRunID(runID); err != nil {
+		return nil, err
 	}
 	// The batch must be valid continuing the stream the caller saw; the
 	// database then checks that the stream is what the caller saw.
@@ -275,7 +290,9 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if after == (ulid.ULID{}) {
 		q, args[11] = s.q.start, info.FirstEvent
 	}
-	tag, err := s.pool.Exec(ctx, q, args...)
+	w, done := s.writer(runID)
+	tag, err := w.Exec(ctx, q, args...)
+	done()
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written unless the commit's answer was lost; Load tells): %w", n, runID, err)
 	}
@@ -283,6 +300,19 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 		return nil, s.refusal(ctx, runID, after, evs, nil)
 	}
 	return envs, nil
+}
+
+// checkRunID refuses a run id PostgreSQL cannot store as a text key.
+func checkRunID(runID string) error {
+	switch {
+	case len(runID) > MaxRunIDBytes:
+		return fmt.Errorf("pgstore: run id is %d bytes, longer than the %d-byte limit", len(runID), MaxRunIDBytes)
+	case !utf8.ValidString(runID):
+		return fmt.Errorf("pgstore: run id %q is not valid UTF-8 (PostgreSQL text)", runID)
+	case strings.IndexByte(runID, 0) >= 0:
+		return fmt.Errorf("pgstore: run id %q holds a NUL byte, which PostgreSQL text cannot", runID)
+	}
+	return nil
 }
 
 // refusal explains an append refused against the stream the caller saw
@@ -428,8 +458,11 @@ func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return out, nil
 }
 
-// Close closes the pool, waiting for connections in use to be returned.
+// Close ends the sessions of the runs this process still holds (their
+// locks go, and their next appends fail) and closes the pool, waiting for
+// other connections in use to be returned.
 func (s *Store) Close() error {
+	s.endLocks()
 	s.pool.Close()
 	return nil
 }

@@ -59,7 +59,8 @@ func (c *CrashingStore) Load(ctx context.Context, runID string) ([]events.Envelo
 // on a CrashingStore resumes on its inner store with the same snapshot.
 func (c *CrashingStore) Parameters() map[string]string { return c.Inner.Parameters() }
 
-// Appends is the number of successful appends.
+// Appends is the number of appends passed to the inner store (whether it
+// accepted them or not).
 func (c *CrashingStore) Appends() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

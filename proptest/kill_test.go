@@ -2,6 +2,7 @@ package proptest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -9,17 +10,21 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
+	"github.com/polyloop/polyloop/stores"
 )
 
 // The real-crash test: the test binary starts itself as a child that runs
@@ -33,6 +38,7 @@ const (
 	childStoreEnv = "POLYLOOP_KILL_CHILD_STORE"
 	childRunEnv   = "POLYLOOP_KILL_CHILD_RUN"
 	childExecEnv  = "POLYLOOP_KILL_CHILD_EXECLOG"
+	childModeEnv  = "POLYLOOP_KILL_CHILD_MODE" // run (default) or resume
 	killSteps     = 30
 )
 
@@ -86,29 +92,72 @@ func killAgent(store seams.RunStore, runID, execLog string) (engine.Definition, 
 			ModelReplayPolicy: events.ReplaySafe}
 }
 
-// runKillChild is the child's whole life: run the agent on the store file.
+// runKillChild is the child's whole life: run (or resume) the agent on
+// the store (a file or a postgres:// URL). A resuming child prints how
+// many appends it made and how it ended: "busy" (engine.ErrRunBusy) or
+// the stop reason.
 func runKillChild() int {
-	store, err := kv.Open(os.Getenv(childStoreEnv), kv.Options{LockTimeout: 10 * time.Second})
+	ctx := context.Background()
+	store, err := stores.Open(ctx, os.Getenv(childStoreEnv), stores.Options{LockTimeout: 10 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 3
 	}
 	defer store.Close()
-	def, req := killAgent(store, os.Getenv(childRunEnv), os.Getenv(childExecEnv))
-	if _, err := engine.Run(context.Background(), def, req); err != nil {
+	counted := &countingStore{RunStore: store}
+	def, req := killAgent(counted, os.Getenv(childRunEnv), os.Getenv(childExecEnv))
+	if os.Getenv(childModeEnv) == "resume" {
+		res, err := engine.Resume(ctx, def, req)
+		switch {
+		case errors.Is(err, engine.ErrRunBusy):
+			fmt.Printf("appends=%d busy\n", counted.n.Load())
+		case err != nil:
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 4
+		default:
+			fmt.Printf("appends=%d %s\n", counted.n.Load(), res.StopReason)
+		}
+		return 0
+	}
+	if _, err := engine.Run(ctx, def, req); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 4
 	}
 	return 0
 }
 
+// TestRealCrashSIGKILL: children running on a bbolt file are killed
+// mid-run; the parent resumes each run.
 func TestRealCrashSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")
 	}
 	dir := t.TempDir()
-	storePath := filepath.Join(dir, "kill.db")
+	killAndResume(t, dir, filepath.Join(dir, "kill.db"), false)
+}
+
+// TestRealCrashSIGKILLPostgres: children running on PostgreSQL are killed
+// mid-run; two other processes then resume each run at once, and exactly
+// one of them continues it.
+func TestRealCrashSIGKILLPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	killAndResume(t, t.TempDir(), pgtest.StoreURL(t), true)
+}
+
+// killAndResume kills children running the kill agent on storePath (a
+// file or URL) and resumes each run: in this process, or (racing) in two
+// child processes at once.
+func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	ctx := context.Background()
+	if stores.IsURL(storePath) { // create the schema before the children race to
+		s, err := stores.Open(ctx, storePath, stores.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
 
 	refStore := &seamstest.MemStore{}
 	refDef, refReq := killAgent(refStore, "ref", filepath.Join(dir, "ref.log"))
@@ -117,16 +166,16 @@ func TestRealCrashSIGKILL(t *testing.T) {
 		t.Fatalf("reference: %v %v", want.StopReason, err)
 	}
 
-	child := func(runID, execLog string) (*exec.Cmd, *strings.Builder) {
+	child := func(runID, execLog, mode string) (*exec.Cmd, *strings.Builder, *strings.Builder) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), childStoreEnv+"="+storePath, childRunEnv+"="+runID, childExecEnv+"="+execLog,
-			"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
+			childModeEnv+"="+mode, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		return cmd, &stderr
+		return cmd, &stdout, &stderr
 	}
 	// Kills are placed by the child's progress, not by the clock, so they
 	// land mid-run however fast this machine is: wait until the child has
@@ -141,7 +190,7 @@ func TestRealCrashSIGKILL(t *testing.T) {
 		}
 		runID := fmt.Sprintf("k%03d", attempt)
 		execLog := filepath.Join(dir, runID+".log")
-		cmd, stderr := child(runID, execLog)
+		cmd, _, stderr := child(runID, execLog, "run")
 		waitForActions(execLog, rng.IntN(killSteps*3/5), 20*time.Second)
 		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 		cmd.Process.Signal(syscall.SIGKILL)
@@ -153,7 +202,7 @@ func TestRealCrashSIGKILL(t *testing.T) {
 			t.Fatalf("child failed on its own: %v\n%s", err, stderr.String())
 		}
 
-		store, err := kv.Open(storePath, kv.Options{})
+		store, err := stores.Open(ctx, storePath, stores.Options{})
 		if err != nil {
 			t.Fatalf("kill %d left a store that does not open: %v", kills, err)
 		}
@@ -172,9 +221,15 @@ func TestRealCrashSIGKILL(t *testing.T) {
 		kills++
 		def, req := killAgent(store, runID, execLog)
 		var got events.RunResult
-		if len(stream) == 0 {
+		switch {
+		case len(stream) == 0:
 			got, err = engine.Run(ctx, def, req)
-		} else {
+		case racing:
+			err = raceResumes(t, child, runID, execLog)
+			if err == nil {
+				got, err = engine.Resume(ctx, def, req) // the stored result
+			}
+		default:
 			got, err = engine.Resume(ctx, def, req)
 		}
 		store.Close()
@@ -195,6 +250,72 @@ func TestRealCrashSIGKILL(t *testing.T) {
 		checkExecLog(t, execLog)
 	}
 	t.Logf("%d children killed mid-run and resumed; %d stopped honestly with resume_state_unknown", kills, unknown)
+	if racing {
+		t.Logf("racing resumes: %d continued the run, %d refused with ErrRunBusy, %d found it finished", raceStats.continued, raceStats.busy, raceStats.finished)
+	}
+}
+
+// countingStore counts the appends its store accepted; it reserves runs
+// with its store's locks.
+type countingStore struct {
+	seams.RunStore
+	n atomic.Int32
+}
+
+func (c *countingStore) LockRun(runID string) (func(), error) {
+	return (&proptest.CrashingStore{Inner: c.RunStore}).LockRun(runID)
+}
+
+func (c *countingStore) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
+	envs, err := c.RunStore.Append(ctx, runID, after, evs...)
+	if err == nil {
+		c.n.Add(1)
+	}
+	return envs, err
+}
+
+var raceStats struct{ continued, busy, finished int }
+
+// raceResumes resumes runID in two child processes at once and checks that
+// exactly one continued it (made appends); the other was refused with
+// ErrRunBusy or found the run finished by the first.
+func raceResumes(t *testing.T, child func(runID, execLog, mode string) (*exec.Cmd, *strings.Builder, *strings.Builder), runID, execLog string) error {
+	type result struct {
+		out, errOut *strings.Builder
+		err         error
+	}
+	var cmds [2]*exec.Cmd
+	var res [2]result
+	for i := range cmds {
+		cmds[i], res[i].out, res[i].errOut = child(runID, execLog, "resume")
+	}
+	for i := range cmds {
+		res[i].err = cmds[i].Wait()
+	}
+	continued := 0
+	for _, r := range res {
+		if r.err != nil {
+			return fmt.Errorf("resuming child: %v\n%s", r.err, r.errOut)
+		}
+		var appends int
+		var end string
+		if _, err := fmt.Sscanf(r.out.String(), "appends=%d %s", &appends, &end); err != nil {
+			return fmt.Errorf("resuming child printed %q: %v", r.out, err)
+		}
+		switch {
+		case appends > 0:
+			continued++
+			raceStats.continued++
+		case end == "busy":
+			raceStats.busy++
+		default:
+			raceStats.finished++
+		}
+	}
+	if continued != 1 {
+		return fmt.Errorf("%d of two resuming processes continued the run: %q, %q", continued, res[0].out, res[1].out)
+	}
+	return nil
 }
 
 // waitForActions waits until the execution log at path has n lines, or
