@@ -23,7 +23,9 @@ type runLock struct {
 
 // lockKey is the advisory lock's key text: schema and run id, so stores in
 // other schemas of one database do not block each other.
-func (s *Store) lockKey(runID string) string { return fmt.Sprintf("%d:%s:%s", len(s.schema), s.schema, runID) }
+func (s *Store) lockKey(runID string) string {
+	return fmt.Sprintf("%d:%s:%s", len(s.schema), s.schema, runID)
+}
 
 // LockRun implements seams.RunLocker across processes and machines: it
 // takes a pooled connection and a session-level advisory lock on the run
