@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -59,15 +60,25 @@ func (s *Store) LockRun(runID string) (func(), error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.connectTimeout)
 	defer cancel()
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
+	var conn *pgxpool.Conn
+	got, err := retry(ctx, func() (bool, error) {
+		var err error
+		if conn, err = s.pool.Acquire(ctx); err != nil {
+			return false, &noConnError{err}
+		}
+		var got bool
+		if err = conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, s.lockKey(runID)).Scan(&got); err != nil {
+			conn.Release() // a dead connection is dropped from the pool
+		}
+		return got, err
+	})
+	var nc *noConnError
+	if errors.As(err, &nc) {
 		forget()
 		return nil, fmt.Errorf("pgstore: lock run %q: no connection within %v (a running run holds one; the pool has %d): %w",
-			runID, s.connectTimeout, s.pool.Config().MaxConns, err)
+			runID, s.connectTimeout, s.pool.Config().MaxConns, nc.err)
 	}
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, s.lockKey(runID)).Scan(&got); err != nil {
-		conn.Release()
+	if err != nil {
 		forget()
 		return nil, fmt.Errorf("pgstore: lock run %q: %w", runID, err)
 	}
@@ -97,6 +108,11 @@ func (s *Store) LockRun(runID string) (func(), error) {
 		l.conn = nil
 	}), nil
 }
+
+// noConnError: the pool gave no connection.
+type noConnError struct{ err error }
+
+func (e *noConnError) Error() string { return e.err.Error() }
 
 // end closes the lock's session, which releases its advisory lock. l.mu is
 // held.

@@ -290,9 +290,11 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if after == (ulid.ULID{}) {
 		q, args[11] = s.q.start, info.FirstEvent
 	}
-	w, done := s.writer(runID)
-	tag, err := w.Exec(ctx, q, args...)
-	done()
+	tag, err := retry(ctx, func() (pgconn.CommandTag, error) {
+		w, done := s.writer(runID)
+		defer done()
+		return w.Exec(ctx, q, args...)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written unless the commit's answer was lost; Load tells): %w", n, runID, err)
 	}
@@ -322,7 +324,9 @@ func checkRunID(runID string) error {
 func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs []events.Event, rule error) error {
 	var last []byte
 	var status string
-	err := s.pool.QueryRow(ctx, s.q.state, runID).Scan(&last, &status)
+	_, err := retry(ctx, func() (struct{}, error) {
+		return struct{}{}, s.pool.QueryRow(ctx, s.q.state, runID).Scan(&last, &status)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		last, err = make([]byte, 16), nil
 	}
@@ -352,6 +356,10 @@ func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs 
 // without a gap, keys must increase, and the stream must have the length
 // and last key its index row names.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID) })
+}
+
+func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, error) {
 	rows, err := s.pool.Query(ctx, s.q.load, runID)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
@@ -428,6 +436,10 @@ func deref(p *string) any {
 // (bytewise, as kv orders them). A row whose values break the index's
 // rules is listed with StatusDamaged.
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
+	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
+}
+
+func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 	rows, err := s.pool.Query(ctx, s.q.runs)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: list runs: %w", err)
@@ -465,4 +477,18 @@ func (s *Store) Close() error {
 	s.endLocks()
 	s.pool.Close()
 	return nil
+}
+
+// retry runs f again, up to three times in all, while it fails in a way
+// that guarantees the server received nothing (pgconn.SafeToRetry): a
+// pooled connection that died idle (a server restart, a network cut) is
+// then replaced by a fresh one instead of failing the caller. A statement
+// that may have reached the server is never repeated.
+func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	for attempt := 1; ; attempt++ {
+		v, err := f()
+		if err == nil || attempt == 3 || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
+			return v, err
+		}
+	}
 }

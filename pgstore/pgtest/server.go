@@ -120,7 +120,9 @@ func Start(o Options) (*Server, error) {
 // Restart stops the server (fast: connections are dropped) and starts it
 // again on the same socket and data.
 func (s *Server) Restart() error {
-	if out, err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "fast", "-w", "-t", "60", "restart"); err != nil {
+	// -l again: without it the server would inherit pg_ctl's output, and
+	// run would wait for it to close.
+	if out, err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-l", filepath.Join(s.dir, "log"), "-m", "fast", "-w", "-t", "60", "restart"); err != nil {
 		return fmt.Errorf("pgtest: restart: %v\n%s", err, out)
 	}
 	return nil

@@ -1,0 +1,140 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// pausing holds its at-th call (model call or action) until released.
+type pausing struct {
+	at               int32
+	n                atomic.Int32
+	entered, release chan struct{}
+}
+
+func (p *pausing) pause() {
+	if p.n.Add(1) == p.at {
+		close(p.entered)
+		<-p.release
+	}
+}
+
+type pausingModel struct {
+	*seamstest.Model
+	*pausing
+}
+
+func (m pausingModel) Call(ctx context.Context, c seams.ModelCall) (events.ModelReply, error) {
+	m.pause()
+	return m.Model.Call(ctx, c)
+}
+
+type pausingExecutor struct {
+	seams.ActionExecutor
+	*pausing
+}
+
+func (e pausingExecutor) Execute(ctx context.Context, c seams.ActionCall) (events.ActionOutcome, error) {
+	e.pause()
+	return e.ActionExecutor.Execute(ctx, c)
+}
+
+// TestServerRestartUnderARunningAgent: the server restarts (every
+// connection dropped) while a run waits on its model or its action; the
+// run's next append fails with an error, the log stays sound, and Resume
+// on the same store — its pool reconnects — finishes the run as an
+// uninterrupted one would.
+func TestServerRestartUnderARunningAgent(t *testing.T) {
+	if os.Getenv(pgtest.DSNEnv) != "" {
+		t.Skip("restarts a throwaway server; " + pgtest.DSNEnv + " names a server of yours")
+	}
+	srv, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		pgtest.Unavailable(t, err)
+	}
+	defer srv.Stop()
+	ctx := context.Background()
+	store, err := pgstore.Open(ctx, srv.DSN, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	reg, err := seams.NewRegistry(
+		seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
+			Handler: func(context.Context, map[string]any) (string, error) { return "3 files", nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "submit", CompletesRun: true, ReplayPolicy: events.ReplaySafe},
+			Handler: func(context.Context, map[string]any) (string, error) { return "ok", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := seamstest.Replies(`TOOL count {}`, `TOOL count {}`, `TOOL submit {}`)
+	agent := func(runID string, p *pausing, inModel bool) (engine.Definition, engine.Request) {
+		var model seams.ModelClient = &seamstest.Model{Turns: script}
+		var exec seams.ActionExecutor = reg.Executor()
+		if p != nil && inModel {
+			model = pausingModel{&seamstest.Model{Turns: script}, p}
+		} else if p != nil {
+			exec = pausingExecutor{exec, p}
+		}
+		return engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store},
+			engine.Request{RunID: runID, Tools: reg, Executor: exec, ModelReplayPolicy: events.ReplaySafe,
+				Budget: engine.Budget{MaxSteps: 6, MaxActions: 6, MaxConsecutiveParseFailures: 2, MaxPromptChars: 10_000}}
+	}
+	def, req := agent("ref", nil, false)
+	want, err := engine.Run(ctx, def, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name    string
+		inModel bool
+	}{{"waiting on the model", true}, {"waiting on an action", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			runID := "restart-" + c.name
+			p := &pausing{at: 2, entered: make(chan struct{}), release: make(chan struct{})}
+			def, req := agent(runID, p, c.inModel)
+			done := make(chan error, 1)
+			go func() { _, err := engine.Run(ctx, def, req); done <- err }()
+			select {
+			case <-p.entered:
+			case err := <-done:
+				t.Fatalf("run ended before the pause: %v", err)
+			}
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			close(p.release)
+			err := <-done
+			if err == nil || errors.Is(err, engine.ErrRunBusy) {
+				t.Fatalf("the run went on through a dropped connection: %v", err)
+			}
+			t.Logf("the run stopped with: %v", err)
+			stream, err := store.Load(ctx, runID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := recovery.Classify(runID, stream); err != nil {
+				t.Fatalf("the restart left a corrupt log: %v", err)
+			}
+			def, req = agent(runID, nil, false)
+			got, err := engine.Resume(ctx, def, req)
+			if err != nil {
+				t.Fatalf("resume after the restart: %v", err)
+			}
+			if got.StopReason != want.StopReason || len(got.Steps) != len(want.Steps) {
+				t.Fatalf("resumed to %s after %d steps, want %s after %d", got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
+			}
+		})
+	}
+}
