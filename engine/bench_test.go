@@ -136,32 +136,38 @@ func BenchmarkConcurrentRuns(b *testing.B) {
 	for _, n := range []int{1, 8, 64, 256} {
 		b.Run(fmt.Sprintf("runs=%d", n), func(b *testing.B) {
 			store := openStore(b, kv.Options{})
-			const stepsPerRun = 20
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			for w := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for run := 0; ; run++ {
-						left := int64(b.N) - next.Add(stepsPerRun) + stepsPerRun
-						if left <= 0 {
-							return
-						}
-						steps := int(min(left, stepsPerRun))
-						def := engine.Definition{Model: benchModel{steps: steps - 1}, Parser: seamstest.Parser{}, Store: store}
-						if _, err := engine.Run(context.Background(), def, benchRequest(fmt.Sprintf("w%d-%d", w, run), steps)); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			concurrentRuns(b, n, store)
 			b.ReportMetric(float64(store.Transactions())/float64(b.N), "txs/step")
 		})
 	}
+}
+
+// concurrentRuns drives b.N steps in all on store from n goroutines, each
+// running runs of up to 20 steps one after another.
+func concurrentRuns(b *testing.B, n int, store seams.RunStore) {
+	const stepsPerRun = 20
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for run := 0; ; run++ {
+				left := int64(b.N) - next.Add(stepsPerRun) + stepsPerRun
+				if left <= 0 {
+					return
+				}
+				steps := int(min(left, stepsPerRun))
+				def := engine.Definition{Model: benchModel{steps: steps - 1}, Parser: seamstest.Parser{}, Store: store}
+				if _, err := engine.Run(context.Background(), def, benchRequest(fmt.Sprintf("w%d-%d", w, run), steps)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // BenchmarkStepCPU: the engine's CPU per step with no fsync (the in-memory

@@ -2,8 +2,8 @@
 // standard input and prints PolyLoop's benchmark table: for every pair of
 // benchmarks named <name>/floor and <name>/polyloop, the median ns/op of
 // each over the repeated runs and their ratio, beside the target where one
-// is set; for BenchmarkConcurrentRuns, each run count's throughput relative
-// to runs=1. Medians and ratios, never a single absolute time: the machines
+// is set; for the concurrent-runs families (bbolt, PostgreSQL and its raw
+// floor), each run count's throughput relative to runs=1. Medians and ratios, never a single absolute time: the machines
 // are shared and noisy.
 //
 //	go test -run '^$' -bench . -count 5 ./kv ./engine | polyloop-benchtable
@@ -24,12 +24,17 @@ import (
 
 // targets are the goals of the performance issue, by pair name.
 var targets = map[string]string{
-	"BenchmarkStepLatency":                   "≤ 1.15",
-	"BenchmarkStepCPU":                       "≤ 3",
-	"BenchmarkResume/steps=10000":            "≤ 2",
-	"BenchmarkConcurrentRuns/runs=64":        "≥ 12",
-	"BenchmarkConcurrentRuns/runs=1":         "(base)",
-	"BenchmarkConcurrentAppend/goroutines=1": "",
+	"BenchmarkStepLatency":                             "≤ 1.15",
+	"BenchmarkStepCPU":                                 "≤ 3",
+	"BenchmarkResume/steps=10000":                      "≤ 2",
+	"BenchmarkConcurrentRuns/runs=64":                  "≥ 12",
+	"BenchmarkConcurrentRuns/runs=1":                   "(base)",
+	"BenchmarkConcurrentAppend/goroutines=1":           "",
+	"BenchmarkPostgresStepLatency":                     "≤ 1.3",
+	"BenchmarkPostgresConcurrentRuns/runs=64/polyloop": "≥ 10",
+	"BenchmarkPostgresConcurrentRuns/runs=1/polyloop":  "(base)",
+	"BenchmarkPostgresConcurrentRuns/runs=64/floor":    "(the server's own)",
+	"BenchmarkPostgresConcurrentRuns/runs=1/floor":     "(base)",
 }
 
 // sample is one benchmark's repeated results.
@@ -112,19 +117,28 @@ func write(w io.Writer, samples map[string]*sample, order []string) {
 	}
 	tw.Flush()
 
-	one := samples["BenchmarkConcurrentRuns/runs=1"]
+	scaling(w, samples, order, "BenchmarkConcurrentRuns/", "", "CONCURRENT RUNS (bbolt)")
+	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/polyloop", "CONCURRENT RUNS (PostgreSQL)")
+	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/floor", "CONCURRENT RAW pgx TRANSACTIONS (the floor)")
+}
+
+// scaling prints a family's throughput relative to its runs=1 member: the
+// benchmarks named prefix+"runs=N"+suffix.
+func scaling(w io.Writer, samples map[string]*sample, order []string, prefix, suffix, title string) {
+	one := samples[prefix+"runs=1"+suffix]
 	if one == nil {
 		return
 	}
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONCURRENT RUNS\tns/step\tTHROUGHPUT vs runs=1\tTARGET\tRUNS\tMETRICS")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "%s\tns/step\tTHROUGHPUT vs runs=1\tTARGET\tRUNS\tMETRICS\n", title)
 	for _, name := range order {
-		if !strings.HasPrefix(name, "BenchmarkConcurrentRuns/") {
+		rest, ok := strings.CutPrefix(name, prefix)
+		if !ok || !strings.HasSuffix(rest, suffix) || strings.Contains(strings.TrimSuffix(rest, suffix), "/") {
 			continue
 		}
 		s := samples[name]
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%s\t%d\t%s\n", strings.TrimPrefix(name, "BenchmarkConcurrentRuns/"),
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%s\t%d\t%s\n", strings.TrimSuffix(rest, suffix),
 			median(s.nsPerOp), median(one.nsPerOp)/median(s.nsPerOp), targets[name], len(s.nsPerOp), extras(s))
 	}
 	tw.Flush()

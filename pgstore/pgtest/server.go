@@ -194,8 +194,9 @@ func unprivileged() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// shared is the test binary's server, started on first use.
-var shared struct {
+// shared is the test binary's server, started on first use; durable is
+// the benchmarks' one, with fsync on.
+var shared, durable struct {
 	once sync.Once
 	srv  *Server
 	dsn  string
@@ -216,23 +217,35 @@ func DSN(t testing.TB) string {
 
 // Lookup is DSN without a test: the server's DSN, or why there is none.
 func Lookup() (string, error) {
-	shared.once.Do(func() {
-		if dsn := os.Getenv(DSNEnv); dsn != "" {
-			shared.dsn = dsn
-			return
-		}
-		if _, err := findBin(); err != nil {
-			shared.err = err
-			return
-		}
-		start := time.Now()
-		shared.srv, shared.err = Start(Options{})
-		if shared.err == nil {
-			shared.dsn = shared.srv.DSN
-			fmt.Fprintf(os.Stderr, "pgtest: throwaway PostgreSQL started in %v\n", time.Since(start).Round(time.Millisecond))
-		}
-	})
+	shared.once.Do(func() { shared.dsn, shared.srv, shared.err = lookup(Options{}) })
 	return shared.dsn, shared.err
+}
+
+// DurableDSN is DSN for benchmarks: a throwaway server with fsync on, so
+// commits cost what they cost (or POLYLOOP_PG_DSN's server as it is).
+func DurableDSN(t testing.TB) string {
+	t.Helper()
+	durable.once.Do(func() { durable.dsn, durable.srv, durable.err = lookup(Options{Durable: true}) })
+	if durable.err != nil {
+		Unavailable(t, durable.err)
+	}
+	return durable.dsn
+}
+
+func lookup(o Options) (string, *Server, error) {
+	if dsn := os.Getenv(DSNEnv); dsn != "" {
+		return dsn, nil, nil
+	}
+	if _, err := findBin(); err != nil {
+		return "", nil, err
+	}
+	start := time.Now()
+	srv, err := Start(o)
+	if err != nil {
+		return "", nil, err
+	}
+	fmt.Fprintf(os.Stderr, "pgtest: throwaway PostgreSQL (fsync %v) started in %v\n", o.Durable, time.Since(start).Round(time.Millisecond))
+	return srv.DSN, srv, nil
 }
 
 // Unavailable skips t for want of a server (err says why), or fails it
@@ -249,9 +262,11 @@ func Unavailable(t testing.TB, err error) {
 // call it from TestMain as os.Exit(pgtest.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
-	if shared.srv != nil {
-		if err := shared.srv.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
+	for _, srv := range []*Server{shared.srv, durable.srv} {
+		if srv != nil {
+			if err := srv.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
 		}
 	}
 	return code
