@@ -12,7 +12,10 @@ build:
 	$(GO) build $(PKGS)
 
 # The test command the README gives: race detector on, benchmarks off.
+# The PostgreSQL tests need initdb (or POLYLOOP_PG_DSN); without, they skip.
 test:
+	@if [ -z "$$POLYLOOP_PG_DSN" ] && ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		echo "PostgreSQL tests skip: no initdb found; install PostgreSQL (apt-get install postgresql) or set POLYLOOP_PG_DSN to run them"; fi
 	$(GO) test -race -count=1 $(PKGS)
 
 check:
@@ -35,7 +38,7 @@ damage:
 # Results: mutation-<pkg>.json and the console; see MUTATION.md.
 GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
 MUTATE   ?= engine events recovery kv seams
-TOPDIRS  := cmd engine events examples kv openai projections proptest recovery seams
+TOPDIRS  := cmd engine events examples kv openai pgstore projections proptest recovery seams stores
 mutate:
 	@for p in $(MUTATE); do \
 		ex=""; for d in $(TOPDIRS); do [ "$$d" = "$$p" ] || ex="$$ex -E ^$$d/"; done; \
@@ -51,7 +54,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME) ./events
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) ./recovery
 
-# Benchmarks beside the raw bbolt floor; see BENCHMARKS.md.
+# Benchmarks beside the raw bbolt and pgx floors; see BENCHMARKS.md.
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./events ./kv ./engine > bench.out
 	$(GO) run ./cmd/polyloop-benchtable < bench.out

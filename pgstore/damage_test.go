@@ -32,6 +32,8 @@ func TestDamagedRowsAreReported(t *testing.T) {
 			"kind column says intent, the value is model_call_result", 4},
 		{"keys out of order", `UPDATE {{schema}}.events SET id = (SELECT id FROM {{schema}}.events WHERE run_id = 'd' AND seq = 1) WHERE run_id = 'd' AND seq = 2`,
 			"does not follow", 3},
+		{"index row deleted", `DELETE FROM {{schema}}.runs WHERE run_id = 'd'`,
+			"4 events but no index row", 4},
 		{"event appended behind the index", `INSERT INTO {{schema}}.events SELECT run_id, 5, id, kind, value, crc FROM {{schema}}.events WHERE run_id = 'd' AND seq = 4`,
 			"counts 4", 5},
 	}

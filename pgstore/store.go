@@ -229,9 +229,13 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 	WHERE run_id = $1 AND last_id = $12 AND status = 'running'
 	RETURNING events - $8 AS base)` + insertEvents),
 		state: sub(`SELECT last_id, status FROM {{schema}}.runs WHERE run_id = $1`),
+		// One row at least: the index row's anchors (null without one) and
+		// the events in order (null without any).
 		load: sub(`SELECT r.events, r.last_id, e.seq, e.id, e.kind, e.value, e.crc
-FROM {{schema}}.runs r LEFT JOIN {{schema}}.events e ON e.run_id = r.run_id
-WHERE r.run_id = $1 ORDER BY e.seq`),
+FROM (SELECT $1::text AS run_id) k
+LEFT JOIN {{schema}}.runs r ON r.run_id = k.run_id
+LEFT JOIN {{schema}}.events e ON e.run_id = k.run_id
+ORDER BY e.seq`),
 		runs: sub(`SELECT run_id, status, steps, events, stop_reason, first_event, last_event, last_id
 FROM {{schema}}.runs ORDER BY run_id COLLATE "C"`),
 	}
@@ -367,7 +371,7 @@ func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, erro
 	defer rows.Close()
 	r := events.StreamReader{RunID: runID}
 	var (
-		count   int64
+		count   *int64
 		anchor  []byte
 		seq     *int64
 		id      []byte
@@ -379,12 +383,12 @@ func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, erro
 		indexed bool
 	)
 	for rows.Next() {
-		indexed = true
 		if err := rows.Scan(&count, &anchor, &seq, &id, &kind, &value, &crc); err != nil {
 			return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 		}
+		indexed = count != nil
 		if seq == nil {
-			break // an index row without events
+			break // no events
 		}
 		n++
 		if *seq != n {
@@ -410,9 +414,12 @@ func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, erro
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 	}
-	if indexed {
-		if n != count {
-			r.Problem(fmt.Errorf("the stream holds %d events, its index row counts %d: events are missing or were added", n, count))
+	switch {
+	case !indexed && n > 0:
+		r.Problem(fmt.Errorf("run %q has %d events but no index row", runID, n))
+	case indexed:
+		if n != *count {
+			r.Problem(fmt.Errorf("the stream holds %d events, its index row counts %d: events are missing or were added", n, *count))
 		}
 		if len(anchor) != 16 || ulid.ULID(anchor) != last {
 			r.Problem(fmt.Errorf("the stream's last event is %s, its index row names %x: the tail is missing or was added", last, anchor))

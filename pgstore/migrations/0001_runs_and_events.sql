@@ -16,7 +16,7 @@ CREATE TABLE {{schema}}.runs (
 -- event's ULID key (increasing with seq); value is the envelope exactly as
 -- the bbolt store writes it (CRC-32C trailer included), crc that checksum.
 CREATE TABLE {{schema}}.events (
-	run_id text    NOT NULL REFERENCES {{schema}}.runs (run_id) ON DELETE CASCADE,
+	run_id text    NOT NULL,
 	seq    bigint  NOT NULL CHECK (seq >= 1),
 	id     bytea   NOT NULL CHECK (length(id) = 16),
 	kind   text    NOT NULL,
