@@ -480,7 +480,13 @@ func (m *machine) actionReturned(in input) command {
 	}
 	out := in.outcome
 	if in.err != nil || !out.Status.Valid() || out.ObservationTruncatedChars < 0 {
-		out = events.ActionOutcome{Status: events.StatusEnvError, Observation: m.cfg.synthetic.EnvFailed, ObservationIsSynthetic: true}
+		cause := fmt.Sprintf("the executor returned an invalid outcome (status %q, observation_truncated_chars %d)",
+			out.Status, out.ObservationTruncatedChars)
+		if in.err != nil {
+			cause = in.err.Error()
+		}
+		out = events.ActionOutcome{Status: events.StatusEnvError, Observation: m.cfg.synthetic.EnvFailed, ObservationIsSynthetic: true,
+			EnvError: events.EnvErrorText(cause)}
 	}
 	a, _ := m.parsed().Decision.(seams.Action)
 	rec := m.actionRecord(in, a, out)

@@ -71,26 +71,49 @@ func TestWireEncodingIsFrozen(t *testing.T) {
 	}
 }
 
-// TestSchema10ValuesStillDecode: the values a 1.0 writer stored (no
-// checksum) decode to the same records.
-func TestSchema10ValuesStillDecode(t *testing.T) {
-	files, _ := filepath.Glob("testdata/wire-1.0/*.msgpack")
-	if len(files) != len(everyRecord()) {
-		t.Fatalf("%d 1.0 golden values, want %d", len(files), len(everyRecord()))
+// TestEarlierSchemaValuesStillDecode: the values a 1.0 writer stored (no
+// checksum) and a 1.1 writer stored (sealed, without the outcome's
+// env_error) decode to the same records.
+func TestEarlierSchemaValuesStillDecode(t *testing.T) {
+	for _, v := range []string{"1.0", "1.1"} {
+		files, _ := filepath.Glob("testdata/wire-" + v + "/*.msgpack")
+		if len(files) != len(everyRecord()) {
+			t.Fatalf("%d %s golden values, want %d", len(files), v, len(everyRecord()))
+		}
+		for i, ev := range everyRecord() {
+			b, err := os.ReadFile(files[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			env, err := events.Unmarshal("run-1", goldenID, b)
+			if err != nil {
+				t.Fatalf("%s: %v", files[i], err)
+			}
+			want := withVersion(ev, v)
+			if env.SchemaVersion != v || !reflect.DeepEqual(env.Event, want) {
+				t.Errorf("%s: decoded %#v, want %#v", files[i], env.Event, want)
+			}
+		}
 	}
-	for i, ev := range everyRecord() {
-		b, err := os.ReadFile(files[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		env, err := events.Unmarshal("anything", goldenID, b)
-		if err != nil {
-			t.Fatalf("%s: %v", files[i], err)
-		}
-		want := withVersion(ev, "1.0")
-		if env.SchemaVersion != "1.0" || !reflect.DeepEqual(env.Event, want) {
-			t.Errorf("%s: decoded %#v, want %#v", files[i], env.Event, want)
-		}
+}
+
+// TestAnEnvErrorKeepsItsCause: an env_error outcome's cause is stored
+// (since 1.2) and comes back.
+func TestAnEnvErrorKeepsItsCause(t *testing.T) {
+	cause := "exec: \"/nonexistent/python\": stat /nonexistent/python: no such file or directory"
+	ev := proptest.SoundStream("run-1")[4].(events.StepCompleted)
+	out := events.ActionOutcome{Status: events.StatusEnvError, Observation: "The environment failed while executing the action.",
+		ObservationIsSynthetic: true, EnvError: &cause}
+	ev.ActionOutcome = &out
+	b := sealed(t, ev)
+	golden(t, "wire-env-error/step_completed.msgpack", b)
+	env, err := events.Unmarshal("run-1", goldenID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := env.Event.(events.StepCompleted).ActionOutcome
+	if got.EnvError == nil || *got.EnvError != cause {
+		t.Fatalf("cause decoded as %v", got.EnvError)
 	}
 }
 

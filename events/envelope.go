@@ -18,7 +18,7 @@ import (
 // CurrentSchemaVersion is the codec's schema version, "major.minor". A reader
 // accepts any minor of a major it knows and refuses other majors. 1.1 added
 // the envelope's checksum.
-const CurrentSchemaVersion = "1.1"
+const CurrentSchemaVersion = "1.2"
 
 // currentMajor is the major of CurrentSchemaVersion.
 const currentMajor = 1

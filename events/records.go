@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Kind names an event record type on the wire.
@@ -52,6 +53,29 @@ type ActionOutcome struct {
 	// reached, never the agent's.
 	EnvReportedCompletion     bool `msgpack:"env_reported_completion" json:"env_reported_completion"`
 	ObservationTruncatedChars int  `msgpack:"observation_truncated_chars" json:"observation_truncated_chars"`
+	// EnvError is why the environment failed, for an env_error outcome the
+	// engine made from an executor's error (the error's text, at most
+	// MaxEnvErrorBytes): the observation the model sees stays the synthetic
+	// one, the cause stays in the log. Absent otherwise, and in logs before
+	// schema 1.2.
+	EnvError *string `msgpack:"env_error" json:"env_error"`
+}
+
+// MaxEnvErrorBytes bounds ActionOutcome.EnvError; a longer cause is cut
+// (at a UTF-8 boundary) and marked with "…".
+const MaxEnvErrorBytes = 4096
+
+// EnvErrorText is cause as ActionOutcome.EnvError keeps it: at most
+// MaxEnvErrorBytes, cut at a UTF-8 boundary and marked with "…".
+func EnvErrorText(cause string) *string {
+	if len(cause) > MaxEnvErrorBytes {
+		cut := MaxEnvErrorBytes - len("…")
+		for cut > 0 && !utf8.RuneStart(cause[cut]) {
+			cut--
+		}
+		cause = cause[:cut] + "…"
+	}
+	return &cause
 }
 
 // Validate reports an invalid status.

@@ -38,20 +38,44 @@ const (
 	Finished         State = "finished"           // RunFinished written
 )
 
-// Plan is what Resume does with a state.
+// Plan is what Resume does with a state: a short identifier (for JSON and
+// for programs to compare); Describe says it in words.
 type Plan string
 
 // The plans.
 const (
-	PlanNone          Plan = "nothing to resume"
-	PlanReturnResult  Plan = "return the recorded result, write nothing"
-	PlanNextStep      Plan = "run the next step"
-	PlanCallAgain     Plan = "call the model again with the same result id"
-	PlanExecuteAgain  Plan = "execute the action again with the same result id"
-	PlanStopUnknown   Plan = "finish with resume_state_unknown"
-	PlanCompleteError Plan = "complete the step as llm_error"
-	PlanReparse       Plan = "re-parse the stored reply without a model call"
+	PlanNone          Plan = "none"
+	PlanReturnResult  Plan = "return_result"
+	PlanNextStep      Plan = "next_step"
+	PlanCallAgain     Plan = "call_again"
+	PlanExecuteAgain  Plan = "execute_again"
+	PlanStopUnknown   Plan = "stop_unknown"
+	PlanCompleteError Plan = "complete_llm_error"
+	PlanReparse       Plan = "reparse"
 )
+
+// Describe is the plan in words, for people.
+func (p Plan) Describe() string {
+	switch p {
+	case PlanNone:
+		return "nothing to resume"
+	case PlanReturnResult:
+		return "return the recorded result, write nothing"
+	case PlanNextStep:
+		return "run the next step"
+	case PlanCallAgain:
+		return "call the model again with the same result id"
+	case PlanExecuteAgain:
+		return "execute the action again with the same result id"
+	case PlanStopUnknown:
+		return "finish with resume_state_unknown"
+	case PlanCompleteError:
+		return "complete the step as llm_error"
+	case PlanReparse:
+		return "re-parse the stored reply without a model call"
+	}
+	return string(p)
+}
 
 // PlanFor is the recovery table: what Resume does in state s, given the
 // replay policy of the side effect in doubt (ignored by the other rows).
