@@ -315,6 +315,9 @@ func renderEvent(ev events.Event) string {
 		outcome := "none"
 		if o := e.ActionOutcome; o != nil {
 			outcome = string(o.Status)
+			if o.EnvError != nil {
+				outcome += fmt.Sprintf(" env_error=%q", *o.EnvError)
+			}
 		}
 		status := "null"
 		if s.ActionStatus != nil {
