@@ -78,7 +78,7 @@ const (
 	StopResumeStateUnknown StopReason = "resume_state_unknown"
 )
 
-// StopReasons lists the ten frozen stop reasons in the specification's order.
+// StopReasons lists the ten frozen stop reasons in their documented order.
 var StopReasons = [...]StopReason{
 	StopTaskCompleted, StopStepBudget, StopParseFailedRepeatedly,
 	StopContextOverflow, StopEnvError, StopLLMError, StopAgentFinished,

@@ -14,11 +14,11 @@ import (
 	"github.com/polyloop/polyloop/stores"
 )
 
-// Exit statuses.
+// Exit statuses, the same for every command.
 const (
-	exitOK      = 0
-	exitProblem = 1 // corrupt run, unreadable store
-	exitUsage   = 2
+	exitOK      = 0 // all well
+	exitProblem = 1 // a problem found: a corrupt run, a run in no store, a store that cannot be read
+	exitUsage   = 2 // bad usage
 )
 
 // lockWait bounds the wait for a store held by a running process (a
@@ -31,53 +31,100 @@ STORE is a bbolt file or a postgres:// URL (read in read-only transactions,
 while agents write; ?polyloop_schema=NAME picks the schema).
 
 Usage:
-  polyloop-inspect runs STORE                  list runs: status, steps, stop reason, times
-  polyloop-inspect events [--json] STORE RUN   every event of a run
-  polyloop-inspect steps [--json] STORE RUN    a run's trajectory (StepRecord per step)
-  polyloop-inspect verify STORE [RUN]          recovery's verdict for one or all runs
+  polyloop-inspect runs [--json] [filters] STORE   list runs, newest first
+  polyloop-inspect events [--json] STORE RUN       every event of a run
+  polyloop-inspect steps [--json] STORE RUN        a run's trajectory (StepRecord per step)
+  polyloop-inspect verify [--json] STORE [RUN]     recovery's verdict for one or all runs
+  polyloop-inspect export [--run RUN]... STORE     the steps of many runs as one JSON Lines table
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
-Exit status: 0 all well, 1 a run is corrupt or the store is unreadable, 2 bad usage.
+Output goes to standard output, errors to standard error.
+Exit status (every command): 0 all well, 1 a problem found (a corrupt run, a
+run not in the store, a store that cannot be read), 2 bad usage.
 `
 
 // command is one subcommand.
 type command struct {
-	name string
-	help string
-	min  int // positional arguments
-	max  int
-	json bool // accepts --json
-	run  func(w io.Writer, args []string, asJSON bool) int
+	name  string
+	help  string
+	min   int // positional arguments
+	max   int
+	flags func(fs *flag.FlagSet, c *call)
+	run   func(c *call) int
 }
 
-var commands = []command{
-	{name: "runs", min: 1, max: 1, run: runsCommand, help: `Usage: polyloop-inspect runs FILE
+// call is one invocation of a command: its arguments, flags and outputs.
+type call struct {
+	stdout, stderr io.Writer
+	args           []string
+	json           bool
+	filter         runFilter // runs
+	runs           multiFlag // export --run
+}
 
-Lists every run of the store: run id, status, steps, stop reason, the time
-of its first and last event. Status is one of
+// fail reports a problem on standard error and returns exitProblem.
+func (c *call) fail(format string, a ...any) int {
+	fmt.Fprintf(c.stderr, "polyloop-inspect: "+format+"\n", a...)
+	return exitProblem
+}
+
+// multiFlag collects a repeated flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+var commands = []command{
+	{name: "runs", min: 1, max: 1, flags: runsFlags, run: runsCommand, help: `Usage: polyloop-inspect runs [--json] [--status S] [--stop-reason R] [--since T] [--limit N] STORE
+
+Lists the store's runs, newest first (by the time of their first event): run
+id, status, steps, stop reason, first and last event time. Status is one of
   finished  the run ended (see stop reason)
   running   no end recorded, nothing in doubt: in progress, or resumable
-  in doubt  a crash left a side effect's outcome unknown (see verify)
+  in_doubt  a crash (or a live run) left a side effect's outcome unknown (see verify)
   corrupt   the log breaks a structural rule (see verify)
+With --json, one JSON object per run: run_id, status, steps, events,
+stop_reason, started, last_event, final_answer (null when absent).
+
+Filters:
+  --status S        only runs with status S (repeatable: any of them)
+  --stop-reason R   only runs that stopped with R (repeatable)
+  --since T         only runs started at or after T: an RFC 3339 time, or a
+                    duration before now (24h, 90m)
+  --limit N         at most N runs (the newest)
+Exits 1 when a listed run is corrupt.
 `},
-	{name: "events", min: 2, max: 2, json: true, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] STORE RUN
+	{name: "events", min: 2, max: 2, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] STORE RUN
 
 Prints every event of RUN: ULID, time, kind and a one-line summary. With
 --json, one JSON object per line: id, time, kind, schema_version, payload.
 `},
-	{name: "steps", min: 2, max: 2, json: true, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
+	{name: "steps", min: 2, max: 2, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
-Prints RUN's trajectory as a table. With --json, JSON Lines with exactly the
-eighteen StepRecord fields (absent values are null), readable as is by a
-data-frame library.
+Prints RUN's trajectory as a table, with the cause of an env_error under its
+step. With --json, JSON Lines with exactly the eighteen StepRecord fields
+(absent values are null), readable as is by a data-frame library; for many
+runs in one table, see export.
 `},
-	{name: "verify", min: 1, max: 2, run: verifyCommand, help: `Usage: polyloop-inspect verify STORE [RUN]
+	{name: "verify", min: 1, max: 2, run: verifyCommand, help: `Usage: polyloop-inspect verify [--json] STORE [RUN]
 
-Recovery's verdict for RUN, or for every run: finished; resumable, at which
-breakpoint and what Resume would do; or corrupt, with every reason. For a run
-in doubt it lists each side effect whose outcome is unknown (step, kind,
-tool, result id, replay policy) and what Resume would do with it. Prints OK
-or the number of corrupt runs last; exits 1 when any run is corrupt.
+Recovery's verdict for RUN, or for every run: finished (with the final
+answer); resumable, at which breakpoint and what Resume would do; or corrupt,
+with every reason. For a run in doubt it lists each side effect whose outcome
+is unknown (step, kind, tool, result id, replay policy) and what Resume would
+do with it; env_error causes are shown. Prints OK or the number of corrupt
+runs last; exits 1 when any run is corrupt or RUN is not in the store. With
+--json, one JSON object per run: run_id, verdict (finished, resumable,
+corrupt), state, step, plan, plan_text, in_doubt, problems, stop_reason,
+final_answer, env_errors.
+`},
+	{name: "export", min: 1, max: 1, flags: exportFlags, run: exportCommand, help: `Usage: polyloop-inspect export [--run RUN]... STORE
+
+Prints the steps of every run (or of each --run) as JSON Lines: one object
+per step with run_id first, then the eighteen StepRecord fields — one table
+for a data-frame library (pandas.read_json(path, lines=True)). Runs come
+oldest first, steps in order. A corrupt run, or one not in the store, is
+reported on standard error and left out (exit status 1).
 `},
 }
 
@@ -99,47 +146,66 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-func (c command) invoke(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
+	c := &call{stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	asJSON := false
-	if c.json {
-		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	if cmd.name != "export" {
+		fs.BoolVar(&c.json, "json", false, "print JSON")
+	}
+	if cmd.flags != nil {
+		cmd.flags(fs, c)
 	}
 	// Flags may come before or after the positional arguments.
 	var flags, positional []string
-	for _, a := range args {
-		if strings.HasPrefix(a, "-") && a != "-" {
-			flags = append(flags, a)
-		} else {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") || a == "-" {
 			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") && !isBool(f) && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
 		}
 	}
 	if err := fs.Parse(flags); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, c.help)
+			fmt.Fprint(stdout, cmd.help)
 			return exitOK
 		}
-		fmt.Fprintf(stderr, "polyloop-inspect %s: %v\n\n%s", c.name, err, c.help)
+		fmt.Fprintf(stderr, "polyloop-inspect %s: %v\n\n%s", cmd.name, err, cmd.help)
 		return exitUsage
 	}
-	if len(positional) < c.min || len(positional) > c.max {
-		fmt.Fprintf(stderr, "polyloop-inspect %s: wrong number of arguments\n\n%s", c.name, c.help)
+	if len(positional) < cmd.min || len(positional) > cmd.max {
+		fmt.Fprintf(stderr, "polyloop-inspect %s: wrong number of arguments\n\n%s", cmd.name, cmd.help)
 		return exitUsage
 	}
-	return c.run(stdout, positional, asJSON)
+	c.args = positional
+	if err := c.filter.check(); err != nil {
+		fmt.Fprintf(stderr, "polyloop-inspect %s: %v\n\n%s", cmd.name, err, cmd.help)
+		return exitUsage
+	}
+	return cmd.run(c)
+}
+
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // openStore opens a store file or a postgres:// URL read-only, waiting a
-// bounded time for a bbolt file's writer.
-func openStore(w io.Writer, path string) (stores.Store, bool) {
-	s, err := stores.Open(context.Background(), path, stores.Options{ReadOnly: true, LockTimeout: lockWait})
-	if err != nil {
-		if errors.Is(err, kv.ErrLocked) {
-			fmt.Fprintf(w, "error: %s is held for writing: %v; stop the writer or retry\n", path, err)
-		} else {
-			fmt.Fprintf(w, "error: %v\n", err)
-		}
+// bounded time for a bbolt file's writer. It reports a failure itself.
+func (c *call) openStore(target string) (stores.Store, bool) {
+	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true, LockTimeout: lockWait})
+	switch {
+	case errors.Is(err, kv.ErrLocked):
+		c.fail("%s is held for writing: %v; stop the writer or retry", target, err)
+		return nil, false
+	case err != nil:
+		c.fail("%s", escape(err.Error()))
 		return nil, false
 	}
 	return s, true
@@ -180,6 +246,14 @@ func clip(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
+}
+
+// plural is "1 step", "2 steps".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func stamp(t time.Time) string {

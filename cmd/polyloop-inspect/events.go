@@ -1,39 +1,20 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"text/tabwriter"
 
 	"github.com/polyloop/polyloop/events"
 )
 
-func loadRun(w io.Writer, path, runID string) ([]events.Envelope, bool) {
-	s, ok := openStore(w, path)
-	if !ok {
-		return nil, false
-	}
-	defer s.Close()
-	stream, err := s.Load(context.Background(), runID)
-	if err != nil {
-		fmt.Fprintf(w, "error: %s\n", escape(err.Error()))
-		return nil, false
-	}
-	if len(stream) == 0 {
-		fmt.Fprintf(w, "error: no run %q in %s\n", escape(runID), path)
-		return nil, false
-	}
-	return stream, true
-}
-
-func eventsCommand(w io.Writer, args []string, asJSON bool) int {
-	stream, ok := loadRun(w, args[0], args[1])
+func eventsCommand(c *call) int {
+	stream, ok := c.loadRun(c.args[0], c.args[1])
 	if !ok {
 		return exitProblem
 	}
-	if asJSON {
+	w := c.stdout
+	if c.json {
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)
 		for _, env := range stream {

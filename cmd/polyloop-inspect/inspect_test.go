@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -51,6 +53,10 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 			Handler: func(context.Context, map[string]any) (string, error) { return "paid", nil }},
 		seams.Tool{Spec: seams.ToolSpec{Name: "submit", CompletesRun: true},
 			Handler: func(context.Context, map[string]any) (string, error) { return "ok", nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "python"},
+			Handler: func(context.Context, map[string]any) (string, error) {
+				return "", seams.EnvFailure(errors.New(`exec: "/nonexistent/python": stat /nonexistent/python: no such file or directory`))
+			}},
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +72,7 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 		if crashAfter < 0 && err != nil || crashAfter >= 0 && !errors.Is(err, proptest.ErrCrashed) {
 			t.Fatalf("fixture %s: %v", id, err)
 		}
+		time.Sleep(2 * time.Millisecond) // runs lists newest first: no two runs start in one millisecond
 	}
 	tools := seamstest.Replies(`TOOL count {}`, `hmm`, `TOOL pay {"amount":5}`, `TOOL submit {}`)
 	run("a-finished", -1, events.ReplaySafe, tools...)
@@ -76,6 +83,7 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 	run("f-between-steps", 5, events.ReplaySafe, tools...)
 	run("g-never-action-unknown", 11, events.ReplaySafe, tools...)
 	run("h-escapes", -1, events.ReplaySafe, seamstest.Replies("FINAL: \x1b[31mred\x1b[0m \u202egnp.exe")...)
+	run("i-env-error", -1, events.ReplaySafe, seamstest.Replies(`TOOL python {}`)...)
 
 	// A corrupt log: kv keeps only the start/finish rules, so a result
 	// without its intent and a gap in the steps can be written directly.
@@ -149,25 +157,45 @@ func transcript(path string, cases [][]string) string {
 	for _, args := range cases {
 		var out, errOut bytes.Buffer
 		code := run(args, &out, &errOut)
-		fmt.Fprintf(&all, "$ polyloop-inspect %s\n%s%s[exit %d]\n\n", strings.Join(args, " "), out.String(), errOut.String(), code)
+		stderr := ""
+		if e := strings.TrimSuffix(errOut.String(), "\n"); e != "" {
+			stderr = "stderr> " + strings.ReplaceAll(e, "\n", "\nstderr> ") + "\n"
+		}
+		fmt.Fprintf(&all, "$ polyloop-inspect %s\n%s%s[exit %d]\n\n", strings.Join(args, " "), out.String(), stderr, code)
 	}
 	return normalise(all.String(), path)
 }
 
 // transcriptCases are the commands run against the fixture store at path.
 func transcriptCases(path string) [][]string {
+	dir := filepath.Dir(path)
 	return [][]string{
 		{"runs", path},
+		{"runs", "--json", path},
+		{"runs", path, "--status", "in_doubt", "--status", "corrupt"},
+		{"runs", "--stop-reason", "task_completed", path},
+		{"runs", "--limit", "2", path},
+		{"runs", "--since", "2000-01-01T00:00:00Z", "--status", "finished", path},
+		{"runs", "--since", "2999-01-01T00:00:00Z", path},
+		{"runs", "--status", "bogus", path},
+		{"runs", "--since", "yesterday", path},
 		{"verify", path},
+		{"verify", "--json", path},
 		{"verify", path, "a-finished"},
 		{"verify", path, "g-never-action-unknown"},
+		{"verify", path, "no-such-run"},
 		{"events", path, "a-finished"},
 		{"events", "--json", path, "c-known-failure"},
 		{"steps", path, "a-finished"},
 		{"steps", path, "a-finished", "--json"},
 		{"steps", path, "h-escapes"},
+		{"steps", path, "i-env-error"},
+		{"verify", path, "i-env-error"},
 		{"events", path, "h-escapes"},
 		{"events", path, "no-such-run"},
+		{"steps", "--json", path, "no-such-run"},
+		{"export", "--run", "a-finished", "--run", "h-escapes", path},
+		{"export", "--run", "a-finished", "--run", "z-corrupt", path},
 		{"runs"},
 		{"frobnicate"},
 		{"steps", "--yaml", path, "a-finished"},
@@ -176,7 +204,9 @@ func transcriptCases(path string) [][]string {
 		{"events", "-h"},
 		{"steps", "--help"},
 		{"verify", "--help"},
-		{"runs", filepath.Join(filepath.Dir(path), "missing.db")},
+		{"export", "--help"},
+		{"runs", filepath.Join(dir, "missing.db")},
+		{"runs", dir},
 	}
 }
 
@@ -259,5 +289,45 @@ func TestVerifyRefusesAStoredValueThatWasAltered(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "corrupt") || !strings.Contains(out.String(), "checksum mismatch") {
 		t.Fatalf("verify does not report the damage:\n%s", out.String())
+	}
+}
+
+// TestExportIsOneTable: export's rows are the eighteen StepRecord fields
+// plus run_id, for every step of every sound run, so they load as one
+// table; steps --json stays exactly the eighteen.
+func TestExportIsOneTable(t *testing.T) {
+	path := fixtureStore(t)
+	var out, errOut bytes.Buffer
+	code := run([]string{"export", path}, &out, &errOut)
+	if code != exitProblem || !strings.Contains(errOut.String(), `run "z-corrupt" is corrupt`) {
+		t.Fatalf("exit %d, stderr %s", code, errOut.String())
+	}
+	var steps bytes.Buffer
+	if code := run([]string{"steps", "--json", path, "a-finished"}, &steps, &errOut); code != exitOK {
+		t.Fatalf("steps: exit %d", code)
+	}
+	var one map[string]any
+	if err := json.Unmarshal(bytes.SplitN(steps.Bytes(), []byte("\n"), 2)[0], &one); err != nil || len(one) != 18 {
+		t.Fatalf("steps --json row has %d keys (%v)", len(one), err)
+	}
+	perRun := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var row map[string]any
+		if err := json.Unmarshal([]byte(line), &row); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		if len(row) != 19 || !strings.HasPrefix(line, `{"run_id":`) {
+			t.Fatalf("row has %d keys: %s", len(row), line)
+		}
+		for k := range one {
+			if _, ok := row[k]; !ok {
+				t.Fatalf("row lacks %s: %s", k, line)
+			}
+		}
+		perRun[row["run_id"].(string)]++
+	}
+	want := map[string]int{"a-finished": 4, "f-between-steps": 1, "g-never-action-unknown": 2, "h-escapes": 1, "i-env-error": 1}
+	if !reflect.DeepEqual(perRun, want) {
+		t.Fatalf("steps per run %v, want %v", perRun, want)
 	}
 }

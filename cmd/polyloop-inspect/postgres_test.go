@@ -90,7 +90,7 @@ func TestPostgresIsInspectedWhileAnAgentWrites(t *testing.T) {
 	}
 	// Mid-run, between the model call's intent and its result: one step
 	// done, a model call in doubt (what a crash now would leave).
-	if got := inspect("runs", url); !regexp.MustCompile(`live +in doubt +1 `).MatchString(got) {
+	if got := inspect("runs", url); !regexp.MustCompile(`live +in_doubt +1 `).MatchString(got) {
 		t.Fatalf("run in progress not listed:\n%s", got)
 	}
 	if got := inspect("verify", url, "live"); !strings.Contains(got, "model_call_unknown") {

@@ -3,19 +3,19 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"text/tabwriter"
 
 	"github.com/polyloop/polyloop/projections"
 )
 
-func stepsCommand(w io.Writer, args []string, asJSON bool) int {
-	stream, ok := loadRun(w, args[0], args[1])
+func stepsCommand(c *call) int {
+	stream, ok := c.loadRun(c.args[0], c.args[1])
 	if !ok {
 		return exitProblem
 	}
+	w := c.stdout
 	steps := projections.Fold(stream).Trajectory()
-	if asJSON {
+	if c.json {
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)
 		for _, s := range steps {
@@ -44,5 +44,8 @@ func stepsCommand(w io.Writer, args []string, asJSON bool) int {
 			s.PromptChars, s.StepWallMs, clip(s.Observation, 50))
 	}
 	tw.Flush()
+	for _, e := range envErrors(stream) {
+		fmt.Fprintf(w, "step %d env_error: %s\n", e.Step, clip(e.Cause, 200))
+	}
 	return exitOK
 }

@@ -2,76 +2,165 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 )
 
-func verifyCommand(w io.Writer, args []string, _ bool) int {
-	s, ok := openStore(w, args[0])
+// verdictJSON is a run in verify --json.
+type verdictJSON struct {
+	RunID       string             `json:"run_id"`
+	Verdict     string             `json:"verdict"` // finished, resumable, corrupt
+	State       *recovery.State    `json:"state"`
+	Step        *int               `json:"step"`
+	Plan        *recovery.Plan     `json:"plan"`
+	PlanText    *string            `json:"plan_text"`
+	InDoubt     *inDoubtJSON       `json:"in_doubt"`
+	Problems    []string           `json:"problems"`
+	StopReason  *events.StopReason `json:"stop_reason"`
+	FinalAnswer *string            `json:"final_answer"`
+	EnvErrors   []envErrorJSON     `json:"env_errors"`
+}
+
+type inDoubtJSON struct {
+	Step         int                 `json:"step"`
+	Kind         events.IntentKind   `json:"kind"`
+	Tool         *string             `json:"tool"`
+	ResultID     string              `json:"result_id"`
+	ReplayPolicy events.ReplayPolicy `json:"replay_policy"`
+}
+
+type envErrorJSON struct {
+	Step  int    `json:"step"`
+	Cause string `json:"cause"`
+}
+
+func verifyCommand(c *call) int {
+	s, ok := c.openStore(c.args[0])
 	if !ok {
 		return exitProblem
 	}
 	defer s.Close()
 	var ids []string
-	if len(args) == 2 {
-		ids = []string{args[1]}
+	if len(c.args) == 2 {
+		ids = []string{c.args[1]}
 	} else {
-		runs, err := s.Runs(context.Background())
-		if err != nil {
-			fmt.Fprintf(w, "error: %v\n", err)
+		runs, ok := c.listRuns(s)
+		if !ok {
 			return exitProblem
 		}
-		for _, r := range runs {
-			ids = append(ids, r.RunID)
+		for i := len(runs) - 1; i >= 0; i-- { // oldest first, as they happened
+			ids = append(ids, runs[i].info.RunID)
 		}
 	}
+	enc := json.NewEncoder(c.stdout)
+	enc.SetEscapeHTML(false)
 	corrupt := 0
 	for _, id := range ids {
 		stream, err := s.Load(context.Background(), id)
 		if err == nil && len(stream) == 0 {
-			fmt.Fprintf(w, "%s: no such run\n", escape(id))
-			corrupt++
-			continue
+			return c.fail("no run %q in %s", clip(id, 80), c.args[0])
 		}
 		v, err := recovery.ClassifyLoaded(id, stream, err)
 		if err != nil {
 			corrupt++
-			reasons := strings.Split(err.Error(), "\n")
-			var ce *recovery.CorruptError
-			if errors.As(err, &ce) {
-				reasons = ce.Reasons
-			}
-			fmt.Fprintf(w, "%s: corrupt (%d problems)\n", escape(id), len(reasons))
-			for _, r := range reasons {
-				fmt.Fprintf(w, "  - %s\n", escape(r))
-			}
-			continue
 		}
-		printVerdict(w, id, v)
+		if c.json {
+			enc.Encode(verdictOf(id, stream, v, err))
+		} else {
+			printVerdict(c, id, stream, v, err)
+		}
+	}
+	if c.json {
+		if corrupt > 0 {
+			return exitProblem
+		}
+		return exitOK
 	}
 	if corrupt > 0 {
-		fmt.Fprintf(w, "%d corrupt of %d runs\n", corrupt, len(ids))
+		fmt.Fprintf(c.stdout, "%d corrupt of %s\n", corrupt, plural(len(ids), "run"))
 		return exitProblem
 	}
-	fmt.Fprintln(w, "OK")
+	fmt.Fprintln(c.stdout, "OK")
 	return exitOK
 }
 
-func printVerdict(w io.Writer, id string, v recovery.Verdict) {
-	switch v.State {
-	case recovery.Finished:
-		fmt.Fprintf(w, "%s: finished (%s, %d steps)\n", escape(id), v.Result.StopReason, len(v.Result.Steps))
-		return
-	case recovery.BetweenSteps:
-		fmt.Fprintf(w, "%s: resumable before step %d: %s\n", escape(id), v.Step, v.Plan)
+// problems lists why a run is corrupt.
+func problems(err error) []string {
+	var ce *recovery.CorruptError
+	if errors.As(err, &ce) {
+		return ce.Reasons
+	}
+	return strings.Split(err.Error(), "\n")
+}
+
+// envErrors are the causes of the run's env_error outcomes.
+func envErrors(stream []events.Envelope) []envErrorJSON {
+	var out []envErrorJSON
+	for _, env := range stream {
+		if sc, ok := env.Event.(events.StepCompleted); ok && sc.ActionOutcome != nil && sc.ActionOutcome.EnvError != nil {
+			out = append(out, envErrorJSON{Step: sc.Step.StepIdx, Cause: *sc.ActionOutcome.EnvError})
+		}
+	}
+	return out
+}
+
+func verdictOf(id string, stream []events.Envelope, v recovery.Verdict, err error) verdictJSON {
+	j := verdictJSON{RunID: id, EnvErrors: envErrors(stream)}
+	if err != nil {
+		j.Verdict, j.Problems = "corrupt", problems(err)
+		return j
+	}
+	plan, text := v.Plan, v.Plan.Describe()
+	j.State, j.Plan, j.PlanText = &v.State, &plan, &text
+	if v.State == recovery.Finished {
+		j.Verdict = "finished"
+		j.StopReason, j.FinalAnswer = &v.Result.StopReason, v.Result.FinalAnswer
+		return j
+	}
+	j.Verdict, j.Step = "resumable", &v.Step
+	if in := v.InDoubt; in != nil {
+		d := &inDoubtJSON{Step: in.CallIndex, Kind: in.IntentKind, ResultID: in.ResultID, ReplayPolicy: in.ReplayPolicy}
+		if in.ToolName != "" {
+			d.Tool = &in.ToolName
+		}
+		j.InDoubt = d
+	}
+	return j
+}
+
+func printVerdict(c *call, id string, stream []events.Envelope, v recovery.Verdict, err error) {
+	w := c.stdout
+	defer func() {
+		for _, e := range envErrors(stream) {
+			fmt.Fprintf(w, "  env_error in step %d: %s\n", e.Step, clip(e.Cause, 200))
+		}
+	}()
+	if err != nil {
+		reasons := problems(err)
+		fmt.Fprintf(w, "%s: corrupt (%s)\n", clip(id, 80), plural(len(reasons), "problem"))
+		for _, r := range reasons {
+			fmt.Fprintf(w, "  - %s\n", escape(r))
+		}
 		return
 	}
-	fmt.Fprintf(w, "%s: resumable in step %d at %s: %s\n", escape(id), v.Step, v.State, v.Plan)
+	switch v.State {
+	case recovery.Finished:
+		fmt.Fprintf(w, "%s: finished (%s, %s)\n", clip(id, 80), v.Result.StopReason, plural(len(v.Result.Steps), "step"))
+		if a := v.Result.FinalAnswer; a != nil {
+			fmt.Fprintf(w, "  answer: %s\n", clip(*a, 200))
+		}
+		return
+	case recovery.BetweenSteps:
+		fmt.Fprintf(w, "%s: resumable before step %d: %s\n", clip(id, 80), v.Step, v.Plan.Describe())
+		return
+	}
+	fmt.Fprintf(w, "%s: resumable in step %d at %s: %s\n", clip(id, 80), v.Step, v.State, v.Plan.Describe())
 	if in := v.InDoubt; in != nil {
 		tool := "-"
 		if in.ToolName != "" {
@@ -80,6 +169,29 @@ func printVerdict(w io.Writer, id string, v recovery.Verdict) {
 			tool = "(tool-less action)"
 		}
 		fmt.Fprintf(w, "  in doubt: step %d, %s, tool %s, result id %s, replay policy %s -> %s\n",
-			in.CallIndex, in.IntentKind, tool, escape(in.ResultID), in.ReplayPolicy, v.Plan)
+			in.CallIndex, in.IntentKind, tool, escape(in.ResultID), in.ReplayPolicy, v.Plan.Describe())
 	}
+}
+
+// loadRun opens the store and loads one run, reporting a failure itself.
+func (c *call) loadRun(target, runID string) ([]events.Envelope, bool) {
+	s, ok := c.openStore(target)
+	if !ok {
+		return nil, false
+	}
+	defer s.Close()
+	return c.load(s, runID)
+}
+
+func (c *call) load(s seams.RunReader, runID string) ([]events.Envelope, bool) {
+	stream, err := s.Load(context.Background(), runID)
+	if err != nil {
+		c.fail("%s", clip(err.Error(), 2000))
+		return nil, false
+	}
+	if len(stream) == 0 {
+		c.fail("no run %q in %s", clip(runID, 80), c.args[0])
+		return nil, false
+	}
+	return stream, true
 }

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+
+	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/recovery"
+)
+
+func exportFlags(fs *flag.FlagSet, c *call) {
+	fs.Var(&c.runs, "run", "export this run (repeatable; default: every run)")
+}
+
+// exportCommand prints one JSON Lines table of the steps of many runs: each
+// row the StepRecord's eighteen fields with run_id first. A run that cannot
+// be loaded, is not in the store or is corrupt is reported on standard
+// error and the others are exported; the exit status is then 1.
+func exportCommand(c *call) int {
+	s, ok := c.openStore(c.args[0])
+	if !ok {
+		return exitProblem
+	}
+	defer s.Close()
+	ids := []string(c.runs)
+	if len(ids) == 0 {
+		runs, ok := c.listRuns(s)
+		if !ok {
+			return exitProblem
+		}
+		for i := len(runs) - 1; i >= 0; i-- {
+			ids = append(ids, runs[i].info.RunID)
+		}
+	}
+	code := exitOK
+	for _, id := range ids {
+		stream, ok := c.load(s, id) // a run that cannot be loaded is reported, the others exported
+		if !ok {
+			code = exitProblem
+			continue
+		}
+		if err := recovery.Check(id, stream); err != nil {
+			c.fail("run %q is corrupt, not exported (see verify): %s", clip(id, 80), clip(err.Error(), 2000))
+			code = exitProblem
+			continue
+		}
+		prefix, err := json.Marshal(id)
+		if err != nil {
+			return c.fail("run id %q: %v", clip(id, 80), err)
+		}
+		for _, step := range projections.Fold(stream).Trajectory() {
+			var row bytes.Buffer
+			enc := json.NewEncoder(&row)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(step); err != nil {
+				return c.fail("run %q step %d: %v", clip(id, 80), step.StepIdx, err)
+			}
+			// {"step_idx":… becomes {"run_id":"…","step_idx":…
+			c.stdout.Write([]byte(`{"run_id":`))
+			c.stdout.Write(prefix)
+			c.stdout.Write([]byte(","))
+			c.stdout.Write(row.Bytes()[1:])
+		}
+	}
+	return code
+}
