@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -141,15 +142,19 @@ func (s *Store) endLocks() {
 	}
 }
 
-// execer runs a statement: the pool, or a run's locked connection.
-type execer interface {
+// session runs statements: the pool, or a run's locked connection.
+type session interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// writer returns what runID's appends go through, and a function to call
-// when the append is done: the run's locked connection when this process
-// holds its lock, the pool otherwise.
-func (s *Store) writer(runID string) (execer, func()) {
+// sessionFor returns what runID's statements go through, and a function to
+// call when they are done (their rows closed): the run's locked connection
+// when this process holds its lock, the pool otherwise. A locked run never
+// needs a second connection, so runs holding every connection of the pool
+// cannot starve each other.
+func (s *Store) sessionFor(runID string) (session, func()) {
 	s.lockMu.Lock()
 	l := s.locks[runID]
 	s.lockMu.Unlock()

@@ -55,7 +55,8 @@ var migrations = func() []migration {
 var SchemaVersion = len(migrations)
 
 // Migrate brings the store's schema to SchemaVersion, creating the schema
-// and its tables on a fresh database. It holds a transaction-scoped advisory
+// and its tables on a fresh database; on a store already at SchemaVersion
+// it creates nothing (so a role without CREATE on the database can open it). It holds a transaction-scoped advisory
 // lock on the schema's name, so concurrent migrators (workers starting
 // together) apply each migration once; each migration and its record commit
 // together. A database at a newer version is refused with ErrSchemaVersion
@@ -73,6 +74,18 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('polyloop migrate ' || $1, 0))`, s.schema); err != nil {
 		return fmt.Errorf("pgstore: migrate: advisory lock: %w", err)
 	}
+	have, err := s.version(ctx, tx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case have > SchemaVersion:
+		return s.versionError(have)
+	case have == SchemaVersion:
+		// Nothing to do, and nothing created: a worker whose role may not
+		// create schemas opens a migrated store.
+		return tx.Commit(ctx)
+	}
 	setup := `CREATE SCHEMA IF NOT EXISTS ` + schema + `;
 CREATE TABLE IF NOT EXISTS ` + schema + `.schema_migrations (
 	version    integer     PRIMARY KEY,
@@ -81,13 +94,6 @@ CREATE TABLE IF NOT EXISTS ` + schema + `.schema_migrations (
 )`
 	if _, err := tx.Exec(ctx, setup); err != nil {
 		return fmt.Errorf("pgstore: migrate: create schema %s: %w", schema, err)
-	}
-	have, err := s.version(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if have > SchemaVersion {
-		return s.versionError(have)
 	}
 	for _, m := range migrations[have:] {
 		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.sql, "{{schema}}", schema)); err != nil {

@@ -269,3 +269,75 @@ func TestRunLocksHoldAcrossProcesses(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestALockedRunNeedsNoSecondConnection: with a pool of one connection, a
+// run this process holds is loaded, appended to and refused through its
+// locked connection (the engine locks before it loads), never waiting for
+// a second one.
+func TestALockedRunNeedsNoSecondConnection(t *testing.T) {
+	s := open(t, pgstore.Options{MaxConns: 1})
+	release, err := s.LockRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.Load(ctx, "r"); err != nil {
+		t.Fatalf("load of a locked run: %v", err)
+	}
+	envs, err := s.Append(ctx, "r", ulid.ULID{}, events.RunStarted{RunID: "r", SchemaVersion: events.CurrentSchemaVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, "r", ulid.ULID{}, events.RunStarted{RunID: "r", SchemaVersion: events.CurrentSchemaVersion}); !errors.Is(err, seams.ErrRunExists) {
+		t.Fatalf("refused append of a locked run: %v", err)
+	}
+	if got, err := s.Load(ctx, "r"); err != nil || len(got) != 1 || got[0].ID != envs[0].ID {
+		t.Fatalf("load: %v %v", got, err)
+	}
+}
+
+// TestOverlongSchemaNamesAreRefused: PostgreSQL would cut the name to 63
+// bytes, and two stores could share tables under different locks.
+func TestOverlongSchemaNamesAreRefused(t *testing.T) {
+	_, err := pgstore.Open(context.Background(), pgtest.DSN(t), pgstore.Options{Schema: strings.Repeat("s", 64)})
+	if err == nil || !strings.Contains(err.Error(), "PostgreSQL keeps only 63") {
+		t.Fatalf("open: %v", err)
+	}
+}
+
+// TestAWorkerWithoutCreateRightsOpensAMigratedStore: a role that may use
+// the tables but not create schemas opens a store already migrated.
+func TestAWorkerWithoutCreateRightsOpensAMigratedStore(t *testing.T) {
+	admin := open(t, pgstore.Options{})
+	role := "worker_" + strings.ToLower(ulid.Make().String()[20:])
+	exec(t, admin.Schema(), `CREATE ROLE `+role+` LOGIN PASSWORD 'w0rker';
+GRANT USAGE ON SCHEMA {{schema}} TO `+role+`;
+GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {{schema}} TO `+role)
+	u, err := url.Parse(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "w0rker")
+	w, err := pgstore.Open(context.Background(), u.String(), pgstore.Options{Schema: admin.Schema()})
+	if err != nil {
+		t.Fatalf("a least-privilege worker: %v", err)
+	}
+	defer w.Close()
+	if _, err := w.Append(context.Background(), "r", ulid.ULID{}, events.RunStarted{RunID: "r", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestATailNoKeyCanFollowIsRefused: the largest ULID named as the tail is
+// refused like any tail that is not the stream's (kv does the same), not a
+// panic minting the next key.
+func TestATailNoKeyCanFollowIsRefused(t *testing.T) {
+	s := open(t, pgstore.Options{})
+	max := ulid.ULID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	_, err := s.Append(context.Background(), "r", max, events.Intent{RunID: "r", IntentKind: events.IntentModelCall, ResultID: "m", ReplayPolicy: events.ReplaySafe})
+	if !errors.Is(err, seams.ErrTailMoved) {
+		t.Fatalf("append after the largest key: %v", err)
+	}
+}

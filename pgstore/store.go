@@ -31,6 +31,10 @@ const SchemaParam = "polyloop_schema"
 // says otherwise.
 const DefaultConnectTimeout = 10 * time.Second
 
+// maxIdentifier is PostgreSQL's identifier length (NAMEDATALEN-1): longer
+// names are cut silently.
+const maxIdentifier = 63
+
 // DefaultMaxConns is the pool size unless Options.MaxConns or the DSN's
 // pool_max_conns says otherwise.
 const DefaultMaxConns = 32
@@ -113,6 +117,9 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	if o.Schema == "" {
 		o.Schema = DefaultSchema
+	}
+	if len(o.Schema) > maxIdentifier {
+		return nil, fmt.Errorf("pgstore: schema name %q is %d bytes; PostgreSQL keeps only %d, so two names could share one schema", o.Schema, len(o.Schema), maxIdentifier)
 	}
 	if o.ConnectTimeout > 0 || cfg.ConnConfig.ConnectTimeout == 0 {
 		t := o.ConnectTimeout
@@ -273,6 +280,9 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	ids, kinds, vals, crcs := make([][]byte, n), make([]string, n), make([][]byte, n), make([]int64, n)
 	envs := make([]events.Envelope, n)
 	info := seams.RunInfo{Status: seams.StatusRunning}
+	if after == maxULID {
+		return nil, s.refusal(ctx, runID, after, evs, nil) // no key follows it; it is not a real tail
+	}
 	now, tail := s.clock(), after
 	for i, ev := range evs {
 		v, err := events.Marshal(ev)
@@ -295,7 +305,7 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 		q, args[11] = s.q.start, info.FirstEvent
 	}
 	tag, err := retry(ctx, func() (pgconn.CommandTag, error) {
-		w, done := s.writer(runID)
+		w, done := s.sessionFor(runID)
 		defer done()
 		return w.Exec(ctx, q, args...)
 	})
@@ -307,6 +317,9 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	return envs, nil
 }
+
+// maxULID is the largest key; no key can follow it.
+var maxULID = ulid.ULID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // checkRunID refuses a run id PostgreSQL cannot store as a text key.
 func checkRunID(runID string) error {
@@ -329,7 +342,9 @@ func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs 
 	var last []byte
 	var status string
 	_, err := retry(ctx, func() (struct{}, error) {
-		return struct{}{}, s.pool.QueryRow(ctx, s.q.state, runID).Scan(&last, &status)
+		q, done := s.sessionFor(runID)
+		defer done()
+		return struct{}{}, q.QueryRow(ctx, s.q.state, runID).Scan(&last, &status)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		last, err = make([]byte, 16), nil
@@ -364,7 +379,9 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 }
 
 func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	rows, err := s.pool.Query(ctx, s.q.load, runID)
+	q, done := s.sessionFor(runID)
+	defer done()
+	rows, err := q.Query(ctx, s.q.load, runID)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 	}
@@ -441,7 +458,9 @@ func deref(p *string) any {
 
 // Runs implements seams.RunReader: the index rows, ordered by run id
 // (bytewise, as kv orders them). A row whose values break the index's
-// rules is listed with StatusDamaged.
+// rules is listed with StatusDamaged. (Unlike kv, a stream whose index row
+// is gone is not listed — finding one would scan every event; Load of such
+// a run reports it.)
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
 }

@@ -68,5 +68,12 @@ func Describe(target string) string {
 	if err != nil {
 		return "a postgres:// URL that does not parse"
 	}
+	q := u.Query()
+	for _, k := range []string{"password", "sslpassword"} {
+		if q.Has(k) {
+			q.Set(k, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
 	return u.Redacted()
 }

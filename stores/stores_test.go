@@ -57,6 +57,9 @@ func TestDescribeNeverShowsAPassword(t *testing.T) {
 	if strings.Contains(got, "s3cret") || !strings.Contains(got, "db.internal") {
 		t.Errorf("Describe = %q", got)
 	}
+	if got := stores.Describe("postgres://agent@db/agents?password=s3cret&sslpassword=k3y"); strings.Contains(got, "s3cret") || strings.Contains(got, "k3y") {
+		t.Errorf("Describe = %q", got)
+	}
 	if got := stores.Describe("x.db"); !filepath.IsAbs(got) {
 		t.Errorf("Describe(path) = %q", got)
 	}

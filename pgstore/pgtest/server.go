@@ -1,7 +1,8 @@
 // Package pgtest gives tests a PostgreSQL server: a throwaway one it starts
 // itself (initdb into a temporary directory, the server listening on a Unix
 // socket in that directory and on no TCP port, stopped and removed at the
-// end), or the server named by the environment variable POLYLOOP_PG_DSN.
+// end, and gone with the test process if that dies first), or the server
+// named by the environment variable POLYLOOP_PG_DSN.
 //
 // It finds initdb and postgres on PATH or under /usr/lib/postgresql/*/bin.
 // PostgreSQL refuses to run as root, so a test running as root (CI does)
@@ -15,6 +16,7 @@
 package pgtest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -22,6 +24,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,6 +32,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/polyloop/polyloop/pgstore"
 )
@@ -50,6 +55,10 @@ type Server struct {
 	dir  string // data directory and socket directory
 	bin  string // directory holding initdb, pg_ctl, postgres
 	cred *syscall.Credential
+	opts []string // the server's command line
+
+	proc   *os.Process
+	exited chan struct{} // closed when the server process has exited
 	// DSN connects to the server's "postgres" database over its socket,
 	// as the superuser postgres with Password.
 	DSN      string
@@ -103,38 +112,104 @@ func Start(o Options) (*Server, error) {
 		s.remove()
 		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
 	}
-	fsync := "off"
+	s.opts = []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", "fsync=off",
+		"-c", "max_connections=200", "-c", "shared_buffers=128MB"}
 	if o.Durable {
-		fsync = "on"
+		s.opts[6] = "fsync=on"
 	}
-	opts := fmt.Sprintf("-c listen_addresses='' -k %s -c fsync=%s -c max_connections=200 -c shared_buffers=128MB", dir, fsync)
-	if out, err := s.run("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+	if err := s.start(); err != nil {
 		s.remove()
-		return nil, fmt.Errorf("pgtest: start: %v\n%s%s", err, out, log)
+		return nil, err
 	}
 	s.DSN = "postgres://postgres:" + s.Password + "@/postgres?host=" + url.QueryEscape(dir) + "&sslmode=disable"
 	return s, nil
 }
 
-// Restart stops the server (fast: connections are dropped) and starts it
-// again on the same socket and data.
-func (s *Server) Restart() error {
-	// -l again: without it the server would inherit pg_ctl's output, and
-	// run would wait for it to close.
-	if out, err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-l", filepath.Join(s.dir, "log"), "-m", "fast", "-w", "-t", "60", "restart"); err != nil {
-		return fmt.Errorf("pgtest: restart: %v\n%s", err, out)
+// start runs postgres as a child of a goroutine locked to its OS thread,
+// with a parent-death signal: if the test process dies (a timeout, a
+// panic, a kill), the kernel sends the server SIGQUIT and it goes too,
+// instead of living on detached as pg_ctl would leave it. It returns once
+// the server accepts connections.
+func (s *Server) start() error {
+	log, err := os.OpenFile(filepath.Join(s.dir, "log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
 	}
-	return nil
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), s.opts...)
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGQUIT}
+	started, exited := make(chan error, 1), make(chan struct{})
+	go func() {
+		// Pdeathsig fires when the starting thread ends: this goroutine
+		// keeps its thread until the server has exited.
+		runtime.LockOSThread()
+		defer log.Close()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			runtime.UnlockOSThread()
+			close(exited)
+			return
+		}
+		started <- nil
+		cmd.Wait()
+		runtime.UnlockOSThread()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("pgtest: start postgres: %w", err)
+	}
+	s.proc, s.exited = cmd.Process, exited
+	pidFile := filepath.Join(s.opts[1], "postmaster.pid")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// The eighth line of postmaster.pid says "ready" once the server
+		// accepts connections.
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if lines := strings.Split(string(b), "\n"); len(lines) > 7 && strings.TrimSpace(lines[7]) == "ready" {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			out, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+			return fmt.Errorf("pgtest: postgres exited while starting:\n%s", out)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.signal(syscall.SIGQUIT)
+			return errors.New("pgtest: postgres did not get ready within 60s")
+		}
+	}
 }
 
-// Stop stops the server and removes its directory.
-func (s *Server) Stop() error {
-	out, err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "-t", "60", "stop")
-	s.remove()
-	if err != nil {
-		return fmt.Errorf("pgtest: stop: %v\n%s", err, out)
+// signal sends sig to the server and waits (up to a minute, then kills it)
+// for it to exit.
+func (s *Server) signal(sig syscall.Signal) {
+	s.proc.Signal(sig)
+	select {
+	case <-s.exited:
+	case <-time.After(time.Minute):
+		s.proc.Kill()
+		<-s.exited
 	}
+}
+
+// Pid is the server's process id.
+func (s *Server) Pid() int { return s.proc.Pid }
+
+// Restart stops the server (fast shutdown: connections are dropped) and
+// starts it again on the same socket and data.
+func (s *Server) Restart() error {
+	s.signal(syscall.SIGINT)
+	return s.start()
+}
+
+// Stop stops the server (immediate shutdown) and removes its directory.
+func (s *Server) Stop() error {
+	s.signal(syscall.SIGQUIT)
+	s.remove()
 	return nil
 }
 
@@ -273,8 +348,33 @@ func Main(m *testing.M) int {
 }
 
 // Schema is a schema name no other test of this process uses, derived from
-// t's name: each test gets its own tables in a shared server.
+// t's name: each test gets its own tables in a shared server. The schema
+// is dropped when t ends, so a long-lived server (POLYLOOP_PG_DSN) does not
+// collect them.
 func Schema(t testing.TB) string {
+	name := schemaName(t)
+	t.Cleanup(func() { dropSchema(name) })
+	return name
+}
+
+// dropSchema drops name, with everything in it, from the servers in use.
+func dropSchema(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seen := map[string]bool{}
+	for _, dsn := range []string{shared.dsn, durable.dsn} {
+		if dsn == "" || seen[dsn] {
+			continue
+		}
+		seen[dsn] = true
+		if conn, err := pgx.Connect(ctx, dsn); err == nil {
+			conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
+			conn.Close(ctx)
+		}
+	}
+}
+
+func schemaName(t testing.TB) string {
 	schemaSeq.Lock()
 	schemaSeq.n++
 	n := schemaSeq.n

@@ -1,0 +1,62 @@
+package pgtest_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+)
+
+const childEnv = "PGTEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		srv, err := pgtest.Start(pgtest.Options{})
+		if err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		fmt.Println(srv.Pid())
+		time.Sleep(time.Hour) // until killed
+	}
+	os.Exit(pgtest.Main(m))
+}
+
+// TestAServerDiesWithItsTestProcess: a test process killed outright (as a
+// test timeout or kill -9 would) takes its throwaway server with it.
+func TestAServerDiesWithItsTestProcess(t *testing.T) {
+	if _, err := pgtest.Lookup(); err != nil || os.Getenv(pgtest.DSNEnv) != "" {
+		pgtest.Unavailable(t, fmt.Errorf("needs a throwaway server (%v)", err))
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	pid, perr := strconv.Atoi(line[:max(len(line)-1, 0)])
+	if err != nil || perr != nil {
+		cmd.Process.Kill()
+		t.Fatalf("child said %q: %v %v", line, err, perr)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	deadline := time.Now().Add(20 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("server %d outlived its killed test process", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
