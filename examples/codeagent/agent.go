@@ -18,45 +18,6 @@ import (
 	"github.com/polyloop/polyloop/seams"
 )
 
-// fenceParser reads a code agent's reply: the first fenced code block is
-// the action; the history keeps the reply only up to that block's closing
-// fence (whatever the model wrote after it — often an imagined output — is
-// dropped). A reply with no block and a line starting "FINAL ANSWER:" is a
-// final answer; anything else is invalid.
-type fenceParser struct{}
-
-const fence = "```"
-
-func (fenceParser) Parse(r events.ModelReply) seams.ParsedReply {
-	text := r.Content
-	start := strings.Index(text, fence)
-	if start < 0 {
-		if i := strings.Index(text, "FINAL ANSWER:"); i >= 0 {
-			return seams.ParsedReply{HistoryText: text, Decision: seams.FinalAnswer{Text: strings.TrimSpace(text[i+len("FINAL ANSWER:"):])}}
-		}
-		return seams.ParsedReply{HistoryText: text, Decision: seams.InvalidDecision{
-			Explanation: "No code block found. Reply with one fenced code block to run, or FINAL ANSWER: <answer>."}}
-	}
-	bodyStart := start + len(fence)
-	if nl := strings.IndexByte(text[bodyStart:], '\n'); nl >= 0 {
-		bodyStart += nl + 1 // skip the language tag line
-	} else {
-		bodyStart = len(text)
-	}
-	end := strings.Index(text[bodyStart:], fence)
-	if end < 0 {
-		return seams.ParsedReply{HistoryText: text, Decision: seams.InvalidDecision{
-			Explanation: "The code block is not closed with ```."}}
-	}
-	code := text[bodyStart : bodyStart+end]
-	history := text[:bodyStart+end+len(fence)]
-	return seams.ParsedReply{HistoryText: history, Decision: seams.Action{Text: code}}
-}
-
-func (fenceParser) Parameters() map[string]string {
-	return map[string]string{"kind": "first-fenced-block"}
-}
-
 // sandbox runs code blocks with an interpreter in one working directory per
 // run (state persists between steps, like a container session), with a
 // time limit per block. Output beyond MaxChars is cut and counted. The

@@ -23,39 +23,6 @@ import (
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
-func TestFenceParser(t *testing.T) {
-	cases := []struct {
-		name, content, action, history, invalid, final string
-	}{
-		{name: "block with trailing hallucination", content: "Run it.\n```sh\nls\n```\nOutput: a b c",
-			action: "ls\n", history: "Run it.\n```sh\nls\n```"},
-		{name: "block without language", content: "```\necho hi\n```", action: "echo hi\n", history: "```\necho hi\n```"},
-		{name: "first of two blocks", content: "```sh\nA\n```\n```sh\nB\n```", action: "A\n", history: "```sh\nA\n```"},
-		{name: "unclosed block", content: "```sh\nls", invalid: "not closed"},
-		{name: "no block", content: "thinking...", invalid: "No code block"},
-		{name: "final answer", content: "FINAL ANSWER: 42", final: "42"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p := fenceParser{}.Parse(events.ModelReply{Content: c.content})
-			switch d := p.Decision.(type) {
-			case seams.Action:
-				if d.Text != c.action || p.HistoryText != c.history || d.ToolCall != nil {
-					t.Fatalf("action %q history %q", d.Text, p.HistoryText)
-				}
-			case seams.InvalidDecision:
-				if c.invalid == "" || !strings.Contains(d.Explanation, c.invalid) {
-					t.Fatalf("invalid: %s", d.Explanation)
-				}
-			case seams.FinalAnswer:
-				if d.Text != c.final {
-					t.Fatalf("final %q", d.Text)
-				}
-			}
-		})
-	}
-}
-
 func execute(t *testing.T, s *sandbox, code string) events.ActionOutcome {
 	t.Helper()
 	out, err := s.Execute(context.Background(), seams.ActionCall{RunID: "t", Action: seams.Action{Text: code}})
@@ -170,5 +137,53 @@ func TestCodeAgentAgainstAnEndpoint(t *testing.T) {
 	}
 	if r.StopReason != events.StopTaskCompleted || *r.Steps[0].CallID != "chatcmpl-0" {
 		t.Fatalf("%s, call id %v", r.StopReason, r.Steps[0].CallID)
+	}
+}
+
+// TestTheFirstHourFlow: the README's order — a run, then a crash of the
+// same run id — says how to go on instead of a bare "run exists"; -resume
+// of an unknown run says to start it; an unreachable endpoint is a failed
+// model call, labelled so, and a non-zero exit; an interrupted run
+// finishes as cancelled (exit 130).
+func TestTheFirstHourFlow(t *testing.T) {
+	c := cfg(t)
+	if _, err := run(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	c.crashAfter = 3
+	if _, err := run(context.Background(), c); !errors.Is(err, engine.ErrRunExists) || !strings.Contains(err.Error(), "-resume") {
+		t.Fatalf("second run of one id: %v", err)
+	}
+	c.crashAfter, c.resume, c.runID = -1, true, "nosuch"
+	if _, err := run(context.Background(), c); !errors.Is(err, engine.ErrRunNotFound) || !strings.Contains(err.Error(), "without -resume") {
+		t.Fatalf("resume of an unknown run: %v", err)
+	}
+
+	c.resume, c.runID, c.url, c.model = false, "offline", "http://127.0.0.1:9/v1", "m"
+	r, err := run(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StopReason != events.StopLLMError || !strings.HasPrefix(statusOf(r.Steps[0]), "model call failed") {
+		t.Fatalf("%s, step labelled %q", r.StopReason, statusOf(r.Steps[0]))
+	}
+	if exitCode(r.StopReason) != 1 || exitCode(events.StopTaskCompleted) != 0 || exitCode(events.StopCancelled) != 130 {
+		t.Fatal("exit codes")
+	}
+
+	// Ctrl-C while the model thinks.
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // so the server notices the client leaving
+		cancel()
+		select { // answer nothing until the client gives up
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	c.url, c.runID = srv.URL+"/v1", "interrupted"
+	if r, err := run(ctx, c); err != nil || r.StopReason != events.StopCancelled {
+		t.Fatalf("interrupted run: %v %v", r.StopReason, err)
 	}
 }

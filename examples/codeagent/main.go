@@ -17,16 +17,18 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"time"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
+	"github.com/polyloop/polyloop/stores"
 )
 
 const goal = `Create a file notes.txt holding the line "durable agents", count its words, and
@@ -49,7 +51,7 @@ type config struct {
 
 func main() {
 	var c config
-	flag.StringVar(&c.store, "store", "codeagent.db", "bbolt store file")
+	flag.StringVar(&c.store, "store", "codeagent.db", "bbolt store file or postgres:// URL")
 	flag.StringVar(&c.runID, "run", "codeagent-1", "run id")
 	flag.StringVar(&c.url, "url", "", "OpenAI-compatible base URL (e.g. http://localhost:11434/v1); empty: scripted model")
 	flag.StringVar(&c.model, "model", "qwen2.5-coder", "model name for -url")
@@ -58,12 +60,17 @@ func main() {
 	flag.BoolVar(&c.resume, "resume", false, "resume the run instead of starting it")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
 	flag.Parse()
-	r, err := run(context.Background(), c)
-	if errors.Is(err, proptest.ErrCrashed) {
+	// Ctrl-C cancels the run: it finishes as cancelled (a finished run;
+	// Resume returns that result), unlike a crash, which leaves it
+	// resumable.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	r, err := run(ctx, c)
+	switch {
+	case errors.Is(err, proptest.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "codeagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
-	}
-	if err != nil {
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "codeagent:", err)
 		os.Exit(1)
 	}
@@ -71,20 +78,40 @@ func main() {
 	for _, s := range r.Steps {
 		fmt.Printf("--- step %d (%s)\n%s\n", s.StepIdx, statusOf(s), s.Observation)
 	}
+	os.Exit(exitCode(r.StopReason))
 }
 
-func statusOf(s events.StepRecord) string {
-	if s.ActionStatus != nil {
-		return string(*s.ActionStatus)
+// exitCode: 0 when the agent reached an answer, 130 when interrupted, 1
+// when the run stopped for another reason (a budget, a failing model or
+// environment).
+func exitCode(reason events.StopReason) int {
+	switch reason {
+	case events.StopTaskCompleted, events.StopAgentFinished:
+		return 0
+	case events.StopCancelled:
+		fmt.Fprintln(os.Stderr, "codeagent: interrupted: the run finished as cancelled (recorded; it will not resume)")
+		return 130
 	}
-	if !s.ParseOK {
+	fmt.Fprintf(os.Stderr, "codeagent: the run stopped with %s before an answer\n", reason)
+	return 1
+}
+
+// statusOf labels a step: its action's status, a failed model call, a
+// reply that did not parse, or no action.
+func statusOf(s events.StepRecord) string {
+	switch {
+	case s.ActionStatus != nil:
+		return string(*s.ActionStatus)
+	case s.CallID == nil && s.RawOutput == "" && !s.ParseOK:
+		return "model call failed: " + s.Observation
+	case !s.ParseOK:
 		return "parse failed"
 	}
 	return "no action"
 }
 
 func run(ctx context.Context, c config) (events.RunResult, error) {
-	store, err := kv.Open(c.store, kv.Options{})
+	store, err := stores.Open(ctx, c.store, stores.Options{})
 	if err != nil {
 		return events.RunResult{}, err
 	}
@@ -101,13 +128,21 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 	}
 	def, req := agent(model, runStore, c)
 	if c.resume {
-		return engine.Resume(ctx, def, req)
+		r, err := engine.Resume(ctx, def, req)
+		if errors.Is(err, engine.ErrRunNotFound) {
+			err = fmt.Errorf("%w: start it without -resume", err)
+		}
+		return r, err
 	}
-	return engine.Run(ctx, def, req)
+	r, err := engine.Run(ctx, def, req)
+	if errors.Is(err, engine.ErrRunExists) {
+		err = fmt.Errorf("%w: continue it with -resume, or start another with -run NAME", err)
+	}
+	return r, err
 }
 
 func agent(model seams.ModelClient, store seams.RunStore, c config) (engine.Definition, engine.Request) {
-	def := engine.Definition{Model: model, Parser: fenceParser{}, Store: store}
+	def := engine.Definition{Model: model, Parser: parsers.FencedCode{}, Store: store}
 	req := engine.Request{
 		RunID:             c.runID,
 		Budget:            engine.Budget{MaxSteps: 12, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 60_000},

@@ -36,6 +36,7 @@ type resultData struct {
 }
 
 type finding struct {
+	RunID    string `json:"run_id"`    // the phase's run: each review reports its own findings
 	ResultID string `json:"result_id"` // the engine's id for the tool call: an idempotency key
 	Document string `json:"document"`
 	Clause   int    `json:"clause"`
@@ -119,7 +120,7 @@ func tools(db *results) (*seams.Registry, error) {
 			Handler: func(ctx context.Context, a map[string]any) (string, error) {
 				call, _ := seams.CallOf(ctx)
 				clause, _ := a["clause"].(float64)
-				f := finding{ResultID: call.ResultID, Document: a["document"].(string), Clause: int(clause),
+				f := finding{RunID: call.RunID, ResultID: call.ResultID, Document: a["document"].(string), Clause: int(clause),
 					Severity: a["severity"].(string), Note: a["note"].(string)}
 				if err := db.update(func(d *resultData) { d.Findings = append(d.Findings, f) }); err != nil {
 					return "", seams.EnvFailure(err) // the database is down: not the model's problem
@@ -151,38 +152,3 @@ func docIDs() []string {
 	sort.Strings(ids)
 	return ids
 }
-
-// jsonParser reads replies that carry one JSON object, after any prose:
-// {"tool": name, "arguments": {...}} is a tool call and {"final": text} a
-// final answer. The history keeps the reply up to the end of that object.
-type jsonParser struct{}
-
-func (jsonParser) Parse(r events.ModelReply) seams.ParsedReply {
-	text := r.Content
-	start := strings.IndexByte(text, '{')
-	if start < 0 {
-		return seams.ParsedReply{HistoryText: text, Decision: seams.InvalidDecision{
-			Explanation: `Reply with one JSON object: {"tool": "<name>", "arguments": {...}} or {"final": "<answer>"}.`}}
-	}
-	dec := json.NewDecoder(strings.NewReader(text[start:]))
-	var msg struct {
-		Tool      string         `json:"tool"`
-		Arguments map[string]any `json:"arguments"`
-		Final     *string        `json:"final"`
-	}
-	if err := dec.Decode(&msg); err != nil {
-		return seams.ParsedReply{HistoryText: text, Decision: seams.InvalidDecision{Explanation: "The JSON object does not parse: " + err.Error()}}
-	}
-	end := start + int(dec.InputOffset())
-	history := text[:end]
-	switch {
-	case msg.Final != nil:
-		return seams.ParsedReply{HistoryText: history, Decision: seams.FinalAnswer{Text: *msg.Final}}
-	case msg.Tool != "":
-		return seams.ParsedReply{HistoryText: history, Decision: seams.Action{Text: text[start:end],
-			ToolCall: &seams.ToolCall{Name: msg.Tool, Arguments: msg.Arguments}}}
-	}
-	return seams.ParsedReply{HistoryText: history, Decision: seams.InvalidDecision{Explanation: `The object has neither "tool" nor "final".`}}
-}
-
-func (jsonParser) Parameters() map[string]string { return map[string]string{"kind": "json-object"} }

@@ -13,44 +13,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
-	"github.com/polyloop/polyloop/seams"
 )
-
-func TestJSONParser(t *testing.T) {
-	cases := []struct {
-		name, content, tool, final, invalid, history string
-	}{
-		{name: "tool call after prose", content: `Reading. {"tool":"read_document","arguments":{"id":"x"}} and more`,
-			tool: "read_document", history: `Reading. {"tool":"read_document","arguments":{"id":"x"}}`},
-		{name: "final", content: `{"final":"done"}`, final: "done"},
-		{name: "no object", content: "hmm", invalid: "one JSON object"},
-		{name: "broken object", content: `{"tool":`, invalid: "does not parse"},
-		{name: "neither", content: `{"x":1}`, invalid: "neither"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p := jsonParser{}.Parse(events.ModelReply{Content: c.content})
-			switch d := p.Decision.(type) {
-			case seams.Action:
-				if d.ToolCall == nil || d.ToolCall.Name != c.tool || p.HistoryText != c.history {
-					t.Fatalf("%+v / %q", d, p.HistoryText)
-				}
-			case seams.FinalAnswer:
-				if d.Text != c.final {
-					t.Fatalf("final %q", d.Text)
-				}
-			case seams.InvalidDecision:
-				if c.invalid == "" || !strings.Contains(d.Explanation, c.invalid) {
-					t.Fatalf("invalid: %s", d.Explanation)
-				}
-			}
-		})
-	}
-}
 
 func cfg(t *testing.T) config {
 	dir := t.TempDir()
@@ -151,4 +119,56 @@ func TestReviewAgainstAnEndpoint(t *testing.T) {
 	if calls.Load() != int32(len(replies)) {
 		t.Fatalf("%d calls, want %d", calls.Load(), len(replies))
 	}
+}
+
+// TestTwoReviewsKeepTheirOwnFindings: reviews alpha and beta share a store
+// and a results file; each reports only its own findings.
+func TestTwoReviewsKeepTheirOwnFindings(t *testing.T) {
+	c := cfg(t)
+	defer func(p string) { runPrefix = p }(runPrefix)
+	for _, name := range []string{"alpha", "beta"} {
+		runPrefix = name
+		var out strings.Builder
+		if err := review(context.Background(), c, &out); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(out.String(), "finding:"); n != 2 {
+			t.Fatalf("review %s reported %d findings:\n%s", name, n, out.String())
+		}
+	}
+}
+
+// TestResumingAnUnknownReviewIsAnError: -resume on a review never started
+// says so instead of starting a fresh one; starting a review twice points
+// at -resume.
+func TestResumingAnUnknownReviewIsAnError(t *testing.T) {
+	c := cfg(t)
+	defer func(p string) { runPrefix = p }(runPrefix)
+	runPrefix = "nosuch"
+	c.resume = true
+	var out strings.Builder
+	err := review(context.Background(), c, &out)
+	if !errors.Is(err, engine.ErrRunNotFound) || !strings.Contains(err.Error(), "start it without -resume") {
+		t.Fatalf("resume of an unknown review: %v", err)
+	}
+	if runs, _ := openRuns(t, c.store); runs != 0 {
+		t.Fatalf("a fresh review was started: %d runs", runs)
+	}
+	c.resume = false
+	if err := review(context.Background(), c, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := review(context.Background(), c, &out); !errors.Is(err, engine.ErrRunExists) || !strings.Contains(err.Error(), "-resume") {
+		t.Fatalf("second start: %v", err)
+	}
+}
+
+func openRuns(t *testing.T, path string) (int, error) {
+	s, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	runs, err := s.Runs(context.Background())
+	return len(runs), err
 }

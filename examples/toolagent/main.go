@@ -19,14 +19,17 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"strings"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
+	"github.com/polyloop/polyloop/stores"
 )
 
 // phase is one run of the review.
@@ -79,7 +82,7 @@ type config struct {
 
 func main() {
 	var c config
-	flag.StringVar(&c.store, "store", "toolagent.db", "bbolt store file")
+	flag.StringVar(&c.store, "store", "toolagent.db", "bbolt store file or postgres:// URL")
 	flag.StringVar(&c.results, "results", "toolagent-results.json", "results file (the consumer's database)")
 	flag.StringVar(&runPrefix, "run", runPrefix, "run id prefix; phases append /triage and /review")
 	flag.StringVar(&c.url, "url", "", "OpenAI-compatible base URL; empty: scripted models")
@@ -87,20 +90,31 @@ func main() {
 	flag.BoolVar(&c.resume, "resume", false, "resume an interrupted review")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
 	flag.Parse()
-	err := review(context.Background(), c, os.Stdout)
-	if errors.Is(err, proptest.ErrCrashed) {
+	// Ctrl-C cancels the running phase: its run finishes as cancelled (a
+	// finished run; Resume returns that result), unlike a crash, which
+	// leaves it resumable.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	err := review(ctx, c, os.Stdout)
+	switch {
+	case errors.Is(err, proptest.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "toolagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
-	}
-	if err != nil {
+	case errors.Is(err, errCancelled):
+		fmt.Fprintln(os.Stderr, "toolagent:", err)
+		os.Exit(130)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "toolagent:", err)
 		os.Exit(1)
 	}
 }
 
+// errCancelled: a phase stopped because of Ctrl-C.
+var errCancelled = errors.New("interrupted: the phase's run finished as cancelled (recorded; it will not resume)")
+
 // review runs (or, resuming, continues) each phase in turn.
 func review(ctx context.Context, c config, out io.Writer) error {
-	store, err := kv.Open(c.store, kv.Options{})
+	store, err := stores.Open(ctx, c.store, stores.Options{})
 	if err != nil {
 		return err
 	}
@@ -120,6 +134,9 @@ func review(ctx context.Context, c config, out io.Writer) error {
 			return fmt.Errorf("phase %s: %w", p.name, err)
 		}
 		fmt.Fprintf(out, "phase %s: %s after %d steps\n", p.name, r.StopReason, len(r.Steps))
+		if r.StopReason == events.StopCancelled {
+			return fmt.Errorf("phase %s: %w", p.name, errCancelled)
+		}
 		if r.StopReason != events.StopTaskCompleted {
 			return fmt.Errorf("phase %s did not complete (%s)", p.name, r.StopReason)
 		}
@@ -129,7 +146,9 @@ func review(ctx context.Context, c config, out io.Writer) error {
 		return err
 	}
 	for _, f := range d.Findings {
-		fmt.Fprintf(out, "finding: %s clause %d [%s] %s\n", f.Document, f.Clause, f.Severity, f.Note)
+		if strings.HasPrefix(f.RunID, runPrefix+"/") { // this review's, not another's in the same file
+			fmt.Fprintf(out, "finding: %s clause %d [%s] %s\n", f.Document, f.Clause, f.Severity, f.Note)
+		}
 	}
 	fmt.Fprintf(out, "summary: %s\n", d.Summaries[runPrefix+"/review"])
 	return nil
@@ -150,7 +169,7 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 			return events.RunResult{}, err
 		}
 	}
-	def := engine.Definition{Model: model, Parser: jsonParser{}, Store: store}
+	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store}
 	req := engine.Request{
 		RunID:             runPrefix + "/" + p.name,
 		Budget:            engine.Budget{MaxSteps: 15, MaxActions: 12, MaxConsecutiveParseFailures: 3, MaxPromptChars: 80_000},
@@ -164,11 +183,23 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 		},
 		ObservationTemplate: "Tool result: {observation}",
 	}
-	if c.resume {
-		r, err := engine.Resume(ctx, def, req)
-		if !errors.Is(err, engine.ErrRunNotFound) {
-			return r, err
+	if !c.resume {
+		r, err := engine.Run(ctx, def, req)
+		if errors.Is(err, engine.ErrRunExists) {
+			err = fmt.Errorf("%w: continue it with -resume, or start another review with -run NAME", err)
+		}
+		return r, err
+	}
+	r, err := engine.Resume(ctx, def, req)
+	if errors.Is(err, engine.ErrRunNotFound) && p.name != phases[0].name {
+		// A review interrupted before this phase began: begin it now.
+		prev := runPrefix + "/" + phases[0].name
+		if stream, lerr := store.Load(ctx, prev); lerr == nil && len(stream) > 0 {
+			return engine.Run(ctx, def, req)
 		}
 	}
-	return engine.Run(ctx, def, req)
+	if errors.Is(err, engine.ErrRunNotFound) {
+		err = fmt.Errorf("%w: there is no review %q to resume in %s; start it without -resume", err, runPrefix, c.store)
+	}
+	return r, err
 }
