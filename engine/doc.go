@@ -66,13 +66,12 @@
 // because of the cancellation: its events may record a side effect that
 // already happened (a reply, an action's outcome), and dropping them would
 // turn a known outcome into one in doubt. Every append therefore gets a
-// context detached from ctx that ends CancelGrace after ctx ends (this
-// amends SPEC §5, which detached only the write of RunFinished{cancelled}):
-// a queued group-commit append is not withdrawn because the run was
+// context detached from ctx that ends CancelGrace after ctx ends (not only
+// the write of RunFinished{cancelled}, as the first design had it): a queued group-commit append is not withdrawn because the run was
 // cancelled. If the grace runs out, Run returns an error saying which
 // events were not durable and that the run can be resumed.
 //
-// # Choices where the specification is silent
+// # Choices worth knowing
 //
 //   - Every observation fed back to the model, a parse failure's explanation
 //     included, is wrapped in ObservationTemplate; StepRecord.Observation is
@@ -82,9 +81,8 @@
 //   - step_wall_ms runs from the moment the step's model intent was durable
 //     (its ULID time) to the StepCompleted, so it survives a resume.
 //   - Injected entry ids are recorded in the parameter snapshot
-//     (injections.<channel> = the ids in order), not in the trajectory as
-//     SPEC §5 says. This amends the specification: the StepRecord has
-//     exactly eighteen frozen fields, and the ids are the same for every
+//     (injections.<channel> = the ids in order), not in the trajectory: the
+//     StepRecord has exactly eighteen frozen fields, and the ids are the same for every
 //     step of a run, so a per-step copy would only repeat them; and in the
 //     snapshot they do work — resuming with other skills would send the
 //     model a different prompt than the crashed run's, which Resume refuses

@@ -243,9 +243,10 @@ func (m *machine) afterDurable(in input) command {
 }
 
 // stepEnding is the stop a completed step calls for, if any: the stop
-// checks after a step (SPEC §5 step 7) and the steps that end a run by
-// themselves (a final answer, a failed model call). It reads the step in
-// progress, so it runs before apply resets it.
+// checks after a step, in order: a failed model call, a failed environment,
+// a completing action, a final answer, the parse-failure limit (the budgets
+// are checked before the next step). It reads the step in progress, so it
+// runs before apply resets it.
 func (m *machine) stepEnding(ev events.StepCompleted) *ending {
 	out := ev.ActionOutcome
 	switch {

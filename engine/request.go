@@ -97,13 +97,20 @@ func (r Request) cancelGrace() time.Duration {
 	return r.CancelGrace
 }
 
+// MaxRunIDBytes bounds Request.RunID: an id is a key in every store (and
+// PostgreSQL's index refuses much longer ones), and errors quote it.
+const MaxRunIDBytes = 1024
+
 // Validate reports every problem of the request, each naming its field. It
 // does no I/O.
 func (r Request) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if r.RunID == "" {
+	switch {
+	case r.RunID == "":
 		bad("RunID is empty")
+	case len(r.RunID) > MaxRunIDBytes:
+		bad("RunID is %d bytes (it begins %q); at most %d", len(r.RunID), r.RunID[:32], MaxRunIDBytes)
 	}
 	for _, b := range []struct {
 		name string

@@ -248,6 +248,8 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 		field string
 	}{
 		{"empty run id", func(r *engine.Request) { r.RunID = "" }, "RunID"},
+		{"a 40 KB run id, not echoed whole", func(r *engine.Request) { r.RunID = strings.Repeat("x", 40<<10) },
+			`RunID is 40960 bytes (it begins "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); at most 1024`},
 		{"zero steps", func(r *engine.Request) { r.Budget.MaxSteps = 0 }, "Budget.MaxSteps"},
 		{"negative actions", func(r *engine.Request) { r.Budget.MaxActions = -1 }, "Budget.MaxActions"},
 		{"zero parse failures", func(r *engine.Request) { r.Budget.MaxConsecutiveParseFailures = 0 }, "Budget.MaxConsecutiveParseFailures"},
@@ -273,8 +275,8 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 			a := newAgent(store, "bad", seamstest.Replies("FINAL: x")...)
 			c.edit(&a.req)
 			_, err := engine.Run(context.Background(), a.def, a.req)
-			if !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), c.field) {
-				t.Fatalf("got %v, want ErrInvalidRequest naming %s", err, c.field)
+			if !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), c.field) || len(err.Error()) > 2000 {
+				t.Fatalf("got %.3000v, want ErrInvalidRequest naming %s", err, c.field)
 			}
 			runID := a.req.RunID
 			if runID == "" {

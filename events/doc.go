@@ -7,7 +7,7 @@
 // # Wire format
 //
 // A stored value is a msgpack map {"kind", "schema_version", "payload"}; the
-// payload is a msgpack map with the snake_case keys of the specification,
+// payload is a msgpack map with snake_case keys (the names JSON uses too),
 // never a positional array, so a later minor version may add fields that an
 // older reader ignores. The Envelope's ULID is the storage key and is not
 // repeated inside the value. Decoding refuses, with a *DecodeError naming the
@@ -41,7 +41,7 @@
 //
 // # Absent values
 //
-// Fields the specification allows to be absent are pointers in StepRecord and
+// Fields that may be absent are pointers in StepRecord and
 // RunResult and are exported as JSON null. ModelReply.CallID uses the empty
 // string for "absent": an empty string is never a valid call id, so the two
 // cannot be confused, and an absent id is left out of the wire map (the key

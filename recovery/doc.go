@@ -15,7 +15,7 @@
 // RunStarted, events after RunFinished, a record that does not decode — and
 // is refused.
 //
-// The table (SPEC §8):
+// The recovery table:
 //
 //	model intent  model result  action intent  step completed  state               resume does
 //	—             —             —              —               BetweenSteps        run the next step

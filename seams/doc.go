@@ -9,7 +9,7 @@
 // stores them, prefixed, in the run's parameter snapshot, and Resume refuses
 // to continue a run whose seams changed.
 //
-// # Shape changes from the specification
+// # Shapes worth knowing
 //
 // ActionExecutor.Execute takes an ActionCall, not a bare Action: the call
 // carries the run id, step index and the pre-allocated result id, exactly as

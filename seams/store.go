@@ -20,8 +20,7 @@ import (
 // last event the caller has seen in the stream (the zero ULID for a stream
 // it has seen empty): the append is optimistic, and it fails with
 // ErrTailMoved, writing nothing, when the stream's last event is another —
-// so of two writers continuing one tail, exactly one wins (this amends the
-// signature of SPEC §4, which had no tail). It fails with ErrRunExists when
+// so of two writers continuing one tail, exactly one wins. It fails with ErrRunExists when
 // evs starts with RunStarted and the stream is not empty (atomically: of two
 // concurrent starts exactly one wins), with ErrRunNotStarted when the stream
 // is empty and evs does not start with RunStarted, with ErrRunFinished when
