@@ -6,6 +6,11 @@ import (
 	"github.com/polyloop/polyloop/events"
 )
 
+// ModelReply is what a ModelClient returns: events.ModelReply, which lives
+// in package events because the log stores it; the name here lets
+// "go doc seams ModelReply" find it.
+type ModelReply = events.ModelReply
+
 // ModelClient calls a model. Implemented by consumers (an OpenAI-compatible
 // client, a gateway, a scripted test double).
 //

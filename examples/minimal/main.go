@@ -1,0 +1,66 @@
+// Command minimal is the smallest durable agent: a tool registry, a model,
+// a parser, a store, one run. Kill it at any point and run it again: it
+// resumes the run where the log stops. The README shows this file whole.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/openai"
+	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt) // Ctrl-C: the run finishes as cancelled
+	defer stop()
+	store, err := kv.Open("minimal.db", kv.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	tools, err := seams.NewRegistry(seams.Tool{
+		Spec: seams.ToolSpec{Name: "add", Description: "adds two numbers", ReplayPolicy: events.ReplaySafe,
+			Parameters: map[string]any{"type": "object", "required": []string{"a", "b"}, "properties": map[string]any{
+				"a": map[string]any{"type": "number"}, "b": map[string]any{"type": "number"}}}},
+		Handler: func(ctx context.Context, args map[string]any) (string, error) {
+			return fmt.Sprint(args["a"].(float64) + args["b"].(float64)), nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies( // offline: a scripted model
+		`TOOL add {"a": 2, "b": 40}`, `FINAL: 2 + 40 = 42`)}
+	if url := os.Getenv("OPENAI_BASE_URL"); url != "" { // or any OpenAI-compatible endpoint
+		if model, err = openai.New(openai.Options{BaseURL: url, Model: os.Getenv("OPENAI_MODEL")}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store}
+	req := engine.Request{RunID: "minimal-1", Tools: tools, Executor: tools.Executor(),
+		Budget:            engine.Budget{MaxSteps: 10, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 50_000},
+		ModelReplayPolicy: events.ReplaySafe, // a model call may be repeated after a crash
+		Context:           engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "What is 2 + 40? Use the add tool.")}}}
+	result, err := engine.Resume(ctx, def, req) // continue the run if it exists...
+	if errors.Is(err, engine.ErrRunNotFound) {
+		result, err = engine.Run(ctx, def, req) // ...or start it
+	}
+	if err != nil {
+		log.Fatal(err) // infrastructure only; a crash here leaves the run resumable
+	}
+	answer := "(no answer)"
+	if result.FinalAnswer != nil {
+		answer = *result.FinalAnswer
+	}
+	fmt.Printf("%s after %d steps: %s\n", result.StopReason, len(result.Steps), answer)
+}
