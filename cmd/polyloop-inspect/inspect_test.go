@@ -40,6 +40,9 @@ func fixtureStore(t *testing.T) string {
 	}
 	defer store.Close()
 	writeFixture(t, store)
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "notes.txt"), []byte("not a store\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	return path
 }
 
@@ -207,6 +210,7 @@ func transcriptCases(path string) [][]string {
 		{"export", "--help"},
 		{"runs", filepath.Join(dir, "missing.db")},
 		{"runs", dir},
+		{"verify", "--json", filepath.Join(dir, "notes.txt")},
 	}
 }
 
