@@ -115,8 +115,9 @@ type machine struct {
 	finished *events.RunResult
 
 	steps         []events.StepRecord
-	actions       int // executed actions
-	parseFailures int // consecutive
+	usage         events.UsageTotals // of the durable replies
+	actions       int                // executed actions
+	parseFailures int                // consecutive
 	// prompt is the prefix followed by the history, grown in place; a model
 	// call gets a capacity-capped view of it, so a step costs O(1) here
 	// however long the history is.
@@ -190,6 +191,9 @@ func (m *machine) apply(ev events.Event, at time.Time, live bool) {
 		}
 	case events.ModelCallResult:
 		m.cur.reply, m.cur.failure = ev.Reply, ev.Failure
+		if ev.Reply != nil {
+			m.usage.Add(ev.Reply.Usage)
+		}
 	case events.StepCompleted:
 		s := ev.Step
 		m.steps = append(m.steps, s)
@@ -206,7 +210,8 @@ func (m *machine) apply(ev events.Event, at time.Time, live bool) {
 		m.cur = current{}
 	case events.RunFinished:
 		r := ev.Result
-		r.Steps = m.steps
+		usage := m.usage
+		r.Steps, r.Usage = m.steps, &usage
 		m.finished = &r
 	}
 }
@@ -288,6 +293,8 @@ func (m *machine) startStep(in input) {
 		m.finish(in, events.StopStepBudget, nil)
 	case m.actions >= b.MaxActions:
 		m.finish(in, events.StopActionBudget, nil)
+	case b.MaxTotalTokens > 0 && m.usage.Total() >= b.MaxTotalTokens:
+		m.finish(in, events.StopTokenBudget, nil)
 	case m.promptChars() > b.MaxPromptChars:
 		m.finish(in, events.StopContextOverflow, nil)
 	default:

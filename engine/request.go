@@ -56,6 +56,14 @@ type Budget struct {
 	MaxConsecutiveParseFailures int
 	// MaxPromptChars bounds the prompt in Unicode code points.
 	MaxPromptChars int
+	// MaxTotalTokens bounds the run's tokens (input plus output, as the
+	// model client reports them; 0: no limit). It is checked before each
+	// model call against the total of the replies already durable: when
+	// the total has reached it, the run stops with token_budget. One call
+	// can overshoot it — its cost is known only once it returns — so the
+	// last call's tokens may pass the line; and calls whose client reports
+	// no usage count nothing (RunResult.Usage says how many did).
+	MaxTotalTokens int64
 }
 
 // Context holds the run-level messages (first in the prompt) and the
@@ -123,6 +131,9 @@ func (r Request) Validate() error {
 			bad("Budget.%s is %d, must be positive", b.name, b.v)
 		}
 	}
+	if r.Budget.MaxTotalTokens < 0 {
+		bad("Budget.MaxTotalTokens is %d, must be 0 (no limit) or positive", r.Budget.MaxTotalTokens)
+	}
 	te, fromRegistry := r.Executor.(*seams.ToolExecutor)
 	switch {
 	case isNil(r.Executor):
@@ -178,6 +189,9 @@ func (r Request) ParameterSnapshot() (map[string]string, error) {
 		"observation_template":                  r.observationTemplate(),
 		"tool_section_template":                 r.toolSectionTemplate(),
 		"cancel_grace":                          r.cancelGrace().String(),
+	}
+	if r.Budget.MaxTotalTokens > 0 { // absent when unset, so runs from before the budget resume
+		out["budget.max_total_tokens"] = strconv.FormatInt(r.Budget.MaxTotalTokens, 10)
 	}
 	if r.Tools != nil {
 		out["tools"] = strings.Join(r.Tools.Names(), ",")

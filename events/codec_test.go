@@ -365,3 +365,45 @@ func TestActionStatusesAreTheFrozenThree(t *testing.T) {
 		}
 	}
 }
+
+// TestAReplyKeepsItsUsage: a reply's token counts are stored (since 1.2)
+// and come back, an unreported count as absent, not zero; a reply without
+// usage keeps the key out of the wire map, as 1.1 wrote it.
+func TestAReplyKeepsItsUsage(t *testing.T) {
+	in, out, cached := int64(1200), int64(0), int64(1024)
+	reply := events.ModelReply{CallID: "c1", Content: "TOOL ls {}",
+		Usage: &events.Usage{InputTokens: &in, OutputTokens: &out, CachedInputTokens: &cached}}
+	ev := events.ModelCallResult{RunID: "run-1", ResultID: "r1", Reply: &reply}
+	b := sealed(t, ev)
+	golden(t, "wire-usage/model_call_result.msgpack", b)
+	env, err := events.Unmarshal("run-1", goldenID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := env.Event.(events.ModelCallResult); !reflect.DeepEqual(got, ev) || got.Reply.Usage.ReasoningTokens != nil {
+		t.Fatalf("decoded %#v", got.Reply.Usage)
+	}
+	bare := sealed(t, events.ModelCallResult{RunID: "run-1", ResultID: "r1", Reply: &events.ModelReply{Content: "x"}})
+	if bytes.Contains(bare, []byte("usage")) {
+		t.Fatal("a reply without usage writes a usage key")
+	}
+	neg := int64(-1)
+	bad := events.ModelCallResult{RunID: "run-1", ResultID: "r1", Reply: &events.ModelReply{Usage: &events.Usage{OutputTokens: &neg}}}
+	if err := bad.Validate(); err == nil {
+		t.Fatal("a negative count is valid")
+	}
+}
+
+// TestUsageTotalsKeepUnreportedApart: totals sum what was reported and
+// count the calls that reported nothing.
+func TestUsageTotalsKeepUnreportedApart(t *testing.T) {
+	n := func(v int64) *int64 { return &v }
+	var tot events.UsageTotals
+	tot.Add(&events.Usage{InputTokens: n(100), OutputTokens: n(20), CachedInputTokens: n(64)})
+	tot.Add(nil)
+	tot.Add(&events.Usage{InputTokens: n(50), ReasoningTokens: n(7)})
+	want := events.UsageTotals{InputTokens: 150, OutputTokens: 20, CachedInputTokens: 64, ReasoningTokens: 7, Calls: 3, CallsWithoutUsage: 1}
+	if tot != want || tot.Total() != 170 {
+		t.Fatalf("totals %+v (total %d), want %+v", tot, tot.Total(), want)
+	}
+}

@@ -78,6 +78,11 @@ const (
 	StopResumeStateUnknown StopReason = "resume_state_unknown"
 )
 
+// StopTokenBudget: Budget.MaxTotalTokens was reached before a model call.
+// It was added after the ten frozen reasons and is reachable only when
+// that budget is set; StopReasons keeps the ten.
+const StopTokenBudget StopReason = "token_budget"
+
 // StopReasons lists the ten frozen stop reasons in their documented order.
 var StopReasons = [...]StopReason{
 	StopTaskCompleted, StopStepBudget, StopParseFailedRepeatedly,
@@ -85,8 +90,12 @@ var StopReasons = [...]StopReason{
 	StopActionBudget, StopCancelled, StopResumeStateUnknown,
 }
 
-// Valid reports whether r is one of the ten frozen values.
+// Valid reports whether r is one of the ten frozen values or an added one
+// (StopTokenBudget).
 func (r StopReason) Valid() bool {
+	if r == StopTokenBudget {
+		return true
+	}
 	for _, v := range StopReasons {
 		if r == v {
 			return true

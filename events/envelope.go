@@ -17,7 +17,8 @@ import (
 
 // CurrentSchemaVersion is the codec's schema version, "major.minor". A reader
 // accepts any minor of a major it knows and refuses other majors. 1.1 added
-// the envelope's checksum.
+// the envelope's checksum; 1.2 an env_error's cause (ActionOutcome.EnvError),
+// a reply's token usage (ModelReply.Usage) and the stop reason token_budget.
 const CurrentSchemaVersion = "1.2"
 
 // currentMajor is the major of CurrentSchemaVersion.

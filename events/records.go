@@ -42,7 +42,69 @@ type ModelReply struct {
 	Content string `msgpack:"content" json:"content"`
 	// Thinking is reasoning text, when the provider sends it.
 	Thinking string `msgpack:"thinking" json:"thinking"`
+	// Usage is what the call cost, when the provider reports it (nil:
+	// not reported; also in logs before schema 1.2).
+	Usage *Usage `msgpack:"usage,omitempty" json:"usage"`
 }
+
+// Usage is a model call's token counts as the provider reported them. Each
+// count is optional: nil means not reported, which is not zero. Cached
+// input tokens are part of the input tokens, reasoning tokens part of the
+// output tokens (as OpenAI-compatible providers count them).
+type Usage struct {
+	InputTokens       *int64 `msgpack:"input_tokens" json:"input_tokens"`
+	OutputTokens      *int64 `msgpack:"output_tokens" json:"output_tokens"`
+	CachedInputTokens *int64 `msgpack:"cached_input_tokens" json:"cached_input_tokens"`
+	ReasoningTokens   *int64 `msgpack:"reasoning_tokens" json:"reasoning_tokens"`
+}
+
+// Validate refuses negative counts.
+func (u *Usage) Validate() error {
+	if u == nil {
+		return nil
+	}
+	for name, n := range map[string]*int64{"input_tokens": u.InputTokens, "output_tokens": u.OutputTokens,
+		"cached_input_tokens": u.CachedInputTokens, "reasoning_tokens": u.ReasoningTokens} {
+		if n != nil && *n < 0 {
+			return fmt.Errorf("reply.usage.%s is negative (%d)", name, *n)
+		}
+	}
+	return nil
+}
+
+// UsageTotals sums the usage of a run's model calls.
+type UsageTotals struct {
+	InputTokens       int64 `json:"input_tokens"`
+	OutputTokens      int64 `json:"output_tokens"`
+	CachedInputTokens int64 `json:"cached_input_tokens"`
+	ReasoningTokens   int64 `json:"reasoning_tokens"`
+	// Calls counts model calls that returned a reply; CallsWithoutUsage
+	// those of them whose provider reported no usage (their tokens are
+	// unknown, not zero). Failed calls report none and are not counted.
+	Calls             int `json:"calls"`
+	CallsWithoutUsage int `json:"calls_without_usage"`
+}
+
+// Add counts one reply's usage (nil: a reply without usage).
+func (t *UsageTotals) Add(u *Usage) {
+	t.Calls++
+	if u == nil {
+		t.CallsWithoutUsage++
+		return
+	}
+	for _, c := range []struct {
+		sum *int64
+		n   *int64
+	}{{&t.InputTokens, u.InputTokens}, {&t.OutputTokens, u.OutputTokens},
+		{&t.CachedInputTokens, u.CachedInputTokens}, {&t.ReasoningTokens, u.ReasoningTokens}} {
+		if c.n != nil {
+			*c.sum += *c.n
+		}
+	}
+}
+
+// Total is input plus output tokens: what Budget.MaxTotalTokens bounds.
+func (t UsageTotals) Total() int64 { return t.InputTokens + t.OutputTokens }
 
 // ActionOutcome is what became of an action.
 type ActionOutcome struct {
@@ -139,6 +201,10 @@ type RunResult struct {
 	SchemaVersion string `msgpack:"schema_version" json:"schema_version"`
 	// EventDeliveryFailures counts sink errors and panics.
 	EventDeliveryFailures int `msgpack:"event_delivery_failures" json:"event_delivery_failures"`
+	// Usage sums the run's model calls. It is computed from the stream
+	// (the engine and projections fill it), never stored: nil in a stored
+	// RunFinished.
+	Usage *UsageTotals `msgpack:"-" json:"usage,omitempty"`
 }
 
 // RunStarted is the first record of every stream.
@@ -241,6 +307,8 @@ func (e ModelCallResult) Validate() error {
 		return errors.New("result_id is empty")
 	case (e.Reply == nil) == (e.Failure == nil):
 		return errors.New("exactly one of reply and failure must be set")
+	case e.Reply != nil:
+		return e.Reply.Usage.Validate()
 	}
 	return nil
 }

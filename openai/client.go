@@ -133,7 +133,42 @@ type wireResponse struct {
 			Reasoning        string  `json:"reasoning"`
 		} `json:"message"`
 	} `json:"choices"`
+	Usage *wireUsage `json:"usage"`
 	Error *wireError `json:"error"`
+}
+
+// wireUsage is the response's usage; a count the server leaves out stays
+// nil (absent, not zero).
+type wireUsage struct {
+	PromptTokens        *int64 `json:"prompt_tokens"`
+	CompletionTokens    *int64 `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int64 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails *struct {
+		ReasoningTokens *int64 `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details"`
+}
+
+// usage is the reply's usage, nil when the response reports none.
+func (w *wireUsage) usage() *events.Usage {
+	if w == nil {
+		return nil
+	}
+	u := &events.Usage{InputTokens: w.PromptTokens, OutputTokens: w.CompletionTokens}
+	if d := w.PromptTokensDetails; d != nil {
+		u.CachedInputTokens = d.CachedTokens
+	}
+	if d := w.CompletionTokensDetails; d != nil {
+		u.ReasoningTokens = d.ReasoningTokens
+	}
+	if *u == (events.Usage{}) {
+		return nil
+	}
+	if u.Validate() != nil {
+		return nil // a server's negative count is no count
+	}
+	return u
 }
 
 type wireError struct {
@@ -209,7 +244,7 @@ func (c *Client) Call(ctx context.Context, call seams.ModelCall) (events.ModelRe
 		return events.ModelReply{}, errors.New("openai: response has no choices")
 	}
 	m := wr.Choices[0].Message
-	reply := events.ModelReply{CallID: wr.ID, Thinking: m.ReasoningContent}
+	reply := events.ModelReply{CallID: wr.ID, Thinking: m.ReasoningContent, Usage: wr.Usage.usage()}
 	if reply.Thinking == "" {
 		reply.Thinking = m.Reasoning
 	}

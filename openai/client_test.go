@@ -7,10 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -163,5 +165,36 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		if _, err := openai.New(o); err == nil {
 			t.Errorf("accepted %+v", o)
 		}
+	}
+}
+
+// TestUsageIsReadFromTheResponse: usage's four counts map to the reply's,
+// each absent when the server leaves it out (absent is not zero).
+func TestUsageIsReadFromTheResponse(t *testing.T) {
+	t.Setenv("POLYLOOP_TEST_KEY", "sk-test")
+	n := func(v int64) *int64 { return &v }
+	cases := map[string]struct {
+		usage string
+		want  *events.Usage
+	}{
+		"none":  {``, nil},
+		"basic": {`,"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}`, &events.Usage{InputTokens: n(12), OutputTokens: n(3)}},
+		"details": {`,"usage":{"prompt_tokens":1200,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1024},"completion_tokens_details":{"reasoning_tokens":250}}`,
+			&events.Usage{InputTokens: n(1200), OutputTokens: n(300), CachedInputTokens: n(1024), ReasoningTokens: n(250)}},
+		"zero is reported": {`,"usage":{"prompt_tokens":0,"completion_tokens":0}`, &events.Usage{InputTokens: n(0), OutputTokens: n(0)}},
+		"empty object":     {`,"usage":{}`, nil},
+		"negative":         {`,"usage":{"prompt_tokens":-1}`, nil},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			srv := server(t, 200, `{"id":"chatcmpl-1","choices":[{"message":{"content":"4"}}]`+c.usage+`}`, 0)
+			reply, err := client(t, srv.URL, 0).Call(context.Background(), call)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(reply.Usage, c.want) {
+				t.Fatalf("usage %+v, want %+v", reply.Usage, c.want)
+			}
+		})
 	}
 }

@@ -66,15 +66,28 @@ func (l *RunLog) Trajectory() []events.StepRecord {
 	return out
 }
 
-// Result returns the run's result with its steps put back from the stream,
-// and false when the run has not finished.
+// Result returns the run's result with its steps and usage put back from
+// the stream, and false when the run has not finished.
 func (l *RunLog) Result() (events.RunResult, bool) {
 	if l.Finished == nil {
 		return events.RunResult{}, false
 	}
 	r := l.Finished.Result
-	r.Steps = l.Trajectory()
+	usage := l.Usage()
+	r.Steps, r.Usage = l.Trajectory(), &usage
 	return r, true
+}
+
+// Usage sums the token usage of the run's model replies so far (failed
+// calls report none and are not counted).
+func (l *RunLog) Usage() events.UsageTotals {
+	var t events.UsageTotals
+	for _, r := range l.ModelResults {
+		if r.Reply != nil {
+			t.Add(r.Reply.Usage)
+		}
+	}
+	return t
 }
 
 // Status is a run's state as a listing shows it.

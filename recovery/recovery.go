@@ -132,7 +132,8 @@ func Classify(runID string, stream []events.Envelope) (Verdict, error) {
 	v := Verdict{RunID: w.runID, Step: w.step, State: w.state(), steps: w.steps}
 	if v.State == Finished {
 		r := *w.result
-		r.Steps = w.steps
+		usage := w.usage
+		r.Steps, r.Usage = w.steps, &usage
 		v.Result = &r
 	}
 	switch v.State {
@@ -190,6 +191,7 @@ type walker struct {
 	failed   bool // model result is a failure
 	action   *events.Intent
 	reasons  []string
+	usage    events.UsageTotals // of the replies
 }
 
 func (w *walker) state() State {
@@ -259,6 +261,9 @@ func walk(runID string, stream []events.Envelope) *walker {
 				bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
 			default:
 				w.reply, w.failed = true, ev.Failure != nil
+				if ev.Reply != nil {
+					w.usage.Add(ev.Reply.Usage)
+				}
 			}
 		case events.StepCompleted:
 			w.stepCompleted(i, env, ev, bad)
