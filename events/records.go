@@ -106,6 +106,26 @@ func (t *UsageTotals) Add(u *Usage) {
 // Total is input plus output tokens: what Budget.MaxTotalTokens bounds.
 func (t UsageTotals) Total() int64 { return t.InputTokens + t.OutputTokens }
 
+// String is the totals for people: "1240 tokens (1000 in, 240 out, 800
+// cached, 100 reasoning) over 5 calls", noting calls that reported none.
+func (t UsageTotals) String() string {
+	if t.Calls == t.CallsWithoutUsage {
+		switch t.Calls {
+		case 0:
+			return "no model calls"
+		case 1:
+			return "tokens not reported (1 call)"
+		}
+		return fmt.Sprintf("tokens not reported (%d calls)", t.Calls)
+	}
+	s := fmt.Sprintf("%d tokens (%d in, %d out, %d cached, %d reasoning) over %d calls",
+		t.Total(), t.InputTokens, t.OutputTokens, t.CachedInputTokens, t.ReasoningTokens, t.Calls)
+	if t.CallsWithoutUsage > 0 {
+		s += fmt.Sprintf("; %d reported none", t.CallsWithoutUsage)
+	}
+	return s
+}
+
 // ActionOutcome is what became of an action.
 type ActionOutcome struct {
 	Status                 ActionStatus `msgpack:"status" json:"status"`

@@ -91,6 +91,7 @@ func run(storePath, runID string) error {
 		return err
 	}
 	fmt.Printf("run %s stopped: %s after %d steps\n", result.RunID, result.StopReason, len(result.Steps))
+	fmt.Printf("usage: %s\n", result.Usage)
 	for _, s := range result.Steps {
 		tool := "-"
 		if s.ToolName != nil {

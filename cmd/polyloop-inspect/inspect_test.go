@@ -87,6 +87,10 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 	run("g-never-action-unknown", 11, events.ReplaySafe, tools...)
 	run("h-escapes", -1, events.ReplaySafe, seamstest.Replies("FINAL: \x1b[31mred\x1b[0m \u202egnp.exe")...)
 	run("i-env-error", -1, events.ReplaySafe, seamstest.Replies(`TOOL python {}`)...)
+	in, out, cached := int64(900), int64(40), int64(512)
+	run("j-usage", -1, events.ReplaySafe,
+		seamstest.Turn{Reply: events.ModelReply{Content: `TOOL count {}`, Usage: &events.Usage{InputTokens: &in, OutputTokens: &out, CachedInputTokens: &cached}}},
+		seamstest.Turn{Reply: events.ModelReply{Content: `FINAL: 3 files`}})
 
 	// A corrupt log: kv keeps only the start/finish rules, so a result
 	// without its intent and a gap in the steps can be written directly.
@@ -121,8 +125,8 @@ func normalise(s, path string) string {
 	// The WALL MS column of step tables.
 	lines := strings.Split(s, "\n")
 	for i, l := range lines {
-		if f := strings.Split(l, "  "); len(f) == 8 && stepRow.MatchString(l) {
-			f[6] = "N"
+		if f := strings.Split(l, "  "); len(f) == 9 && stepRow.MatchString(l) {
+			f[7] = "N"
 			lines[i] = strings.Join(f, "  ")
 		}
 	}
@@ -193,6 +197,7 @@ func transcriptCases(path string) [][]string {
 		{"steps", path, "a-finished", "--json"},
 		{"steps", path, "h-escapes"},
 		{"steps", path, "i-env-error"},
+		{"steps", path, "j-usage"},
 		{"verify", path, "i-env-error"},
 		{"events", path, "h-escapes"},
 		{"events", path, "no-such-run"},
@@ -330,7 +335,7 @@ func TestExportIsOneTable(t *testing.T) {
 		}
 		perRun[row["run_id"].(string)]++
 	}
-	want := map[string]int{"a-finished": 4, "f-between-steps": 1, "g-never-action-unknown": 2, "h-escapes": 1, "i-env-error": 1}
+	want := map[string]int{"a-finished": 4, "f-between-steps": 1, "g-never-action-unknown": 2, "h-escapes": 1, "i-env-error": 1, "j-usage": 2}
 	if !reflect.DeepEqual(perRun, want) {
 		t.Fatalf("steps per run %v, want %v", perRun, want)
 	}

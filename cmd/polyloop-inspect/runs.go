@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -26,6 +27,7 @@ const (
 // runView is one run as runs shows it.
 type runView struct {
 	info    seams.RunInfo
+	usage   events.UsageTotals
 	status  string
 	verdict recovery.Verdict
 	err     error // why the run is corrupt
@@ -35,7 +37,7 @@ type runView struct {
 func view(s seams.RunReader, info seams.RunInfo) runView {
 	stream, err := s.Load(context.Background(), info.RunID)
 	v, err := recovery.ClassifyLoaded(info.RunID, stream, err)
-	r := runView{info: info, verdict: v, err: err}
+	r := runView{info: info, verdict: v, err: err, usage: projections.Fold(stream).Usage()}
 	switch {
 	case err != nil:
 		r.status = statusCorrupt
@@ -132,6 +134,7 @@ type runJSON struct {
 	Started     *string            `json:"started"`
 	LastEvent   *string            `json:"last_event"`
 	FinalAnswer *string            `json:"final_answer"`
+	Usage       events.UsageTotals `json:"usage"`
 }
 
 func runsCommand(c *call) int {
@@ -155,14 +158,14 @@ func runsCommand(c *call) int {
 	enc.SetEscapeHTML(false)
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	if !c.json {
-		fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tSTOP REASON\tSTARTED\tLAST EVENT")
+		fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tSTOP REASON\tTOKENS\tSTARTED\tLAST EVENT")
 	}
 	for _, r := range shown {
 		if r.status == statusCorrupt {
 			corrupt++
 		}
 		if c.json {
-			j := runJSON{RunID: r.info.RunID, Status: r.status, Steps: r.info.Steps, Events: r.info.Events,
+			j := runJSON{RunID: r.info.RunID, Status: r.status, Steps: r.info.Steps, Events: r.info.Events, Usage: r.usage,
 				Started: timeOrNil(r.info.FirstEvent), LastEvent: timeOrNil(r.info.LastEvent)}
 			if r.info.StopReason != "" {
 				j.StopReason = &r.info.StopReason
@@ -177,8 +180,8 @@ func runsCommand(c *call) int {
 		if reason == "" {
 			reason = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", clip(r.info.RunID, 60), r.status, r.info.Steps, reason,
-			stamp(r.info.FirstEvent), stamp(r.info.LastEvent))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(r.info.RunID, 60), r.status, r.info.Steps, reason,
+			tokens(r.usage), stamp(r.info.FirstEvent), stamp(r.info.LastEvent))
 	}
 	tw.Flush()
 	if corrupt > 0 {
@@ -195,4 +198,17 @@ func timeOrNil(t time.Time) *string {
 	}
 	s := stamp(t)
 	return &s
+}
+
+// tokens is a run's token total for a table: "-" when no call reported
+// any, a "+" when some calls reported none.
+func tokens(u events.UsageTotals) string {
+	if u.Calls == u.CallsWithoutUsage {
+		return "-"
+	}
+	s := fmt.Sprint(u.Total())
+	if u.CallsWithoutUsage > 0 {
+		s += "+"
+	}
+	return s
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
 )
 
@@ -14,7 +15,8 @@ func stepsCommand(c *call) int {
 		return exitProblem
 	}
 	w := c.stdout
-	steps := projections.Fold(stream).Trajectory()
+	log := projections.Fold(stream)
+	steps := log.Trajectory()
 	if c.json {
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)
@@ -30,8 +32,12 @@ func stepsCommand(c *call) int {
 		return clip(*p, 30)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tPARSE\tACTION\tTOOL\tSTATUS\tPROMPT\tWALL MS\tOBSERVATION")
-	for _, s := range steps {
+	fmt.Fprintln(tw, "STEP\tPARSE\tACTION\tTOOL\tSTATUS\tPROMPT\tTOKENS\tWALL MS\tOBSERVATION")
+	for i, s := range steps {
+		var u events.UsageTotals
+		if i < len(log.ModelResults) && log.ModelResults[i].Reply != nil {
+			u.Add(log.ModelResults[i].Reply.Usage)
+		}
 		parse := "ok"
 		if !s.ParseOK {
 			parse = "failed"
@@ -40,10 +46,11 @@ func stepsCommand(c *call) int {
 		if s.ActionStatus != nil {
 			status = string(*s.ActionStatus)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.StepIdx, parse, str(s.Action), str(s.ToolName), status,
-			s.PromptChars, s.StepWallMs, clip(s.Observation, 50))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.StepIdx, parse, str(s.Action), str(s.ToolName), status,
+			s.PromptChars, tokens(u), s.StepWallMs, clip(s.Observation, 50))
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "usage: %s\n", log.Usage())
 	for _, e := range envErrors(stream) {
 		fmt.Fprintf(w, "step %d env_error: %s\n", e.Step, clip(e.Cause, 200))
 	}

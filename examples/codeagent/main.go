@@ -74,7 +74,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "codeagent:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("run %s: %s after %d steps\n", r.RunID, r.StopReason, len(r.Steps))
+	fmt.Printf("run %s: %s after %d steps; %s\n", r.RunID, r.StopReason, len(r.Steps), r.Usage)
 	for _, s := range r.Steps {
 		fmt.Printf("--- step %d (%s)\n%s\n", s.StepIdx, statusOf(s), s.Observation)
 	}

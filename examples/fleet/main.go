@@ -88,6 +88,6 @@ func work(ctx context.Context, out io.Writer, db, runID string, delay time.Durat
 		fmt.Fprintln(os.Stderr, "fleet:", err, "(the run stays resumable: start a worker again)")
 		return 1
 	}
-	fmt.Fprintf(out, "run %s stopped: %s after %d steps\n", runID, result.StopReason, len(result.Steps))
+	fmt.Fprintf(out, "run %s stopped: %s after %d steps; %s\n", runID, result.StopReason, len(result.Steps), result.Usage)
 	return 0
 }

@@ -62,5 +62,5 @@ func main() {
 	if result.FinalAnswer != nil {
 		answer = *result.FinalAnswer
 	}
-	fmt.Printf("%s after %d steps: %s\n", result.StopReason, len(result.Steps), answer)
+	fmt.Printf("%s after %d steps: %s\n%s\n", result.StopReason, len(result.Steps), answer, result.Usage)
 }

@@ -133,7 +133,7 @@ func review(ctx context.Context, c config, out io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("phase %s: %w", p.name, err)
 		}
-		fmt.Fprintf(out, "phase %s: %s after %d steps\n", p.name, r.StopReason, len(r.Steps))
+		fmt.Fprintf(out, "phase %s: %s after %d steps; %s\n", p.name, r.StopReason, len(r.Steps), r.Usage)
 		if r.StopReason == events.StopCancelled {
 			return fmt.Errorf("phase %s: %w", p.name, errCancelled)
 		}
