@@ -2,6 +2,8 @@ package seamstest
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,4 +101,24 @@ func (m *MemStore) Transactions() uint64 {
 // Parameters implements seams.RunStore.
 func (m *MemStore) Parameters() map[string]string {
 	return map[string]string{"kind": "memory", "schema_version": events.CurrentSchemaVersion}
+}
+
+// Runs implements seams.RunReader: every run, ordered by run id, folded
+// from its stream.
+func (m *MemStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]seams.RunInfo, 0, len(m.streams))
+	for id, stream := range m.streams {
+		info := seams.RunInfo{RunID: id}
+		for _, st := range stream {
+			info.Observe(st.env)
+		}
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b seams.RunInfo) int { return strings.Compare(a.RunID, b.RunID) })
+	return out, nil
 }

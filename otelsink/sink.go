@@ -1,0 +1,374 @@
+// Package otelsink is a seams.EventSink that turns a run's durable events
+// into OpenTelemetry spans following the GenAI semantic conventions:
+//
+//   - one "invoke_agent {agent}" span per run (gen_ai.operation.name,
+//     gen_ai.agent.name, gen_ai.conversation.id = the run id, and the stop
+//     reason as polyloop.stop_reason), emitted when the run finishes;
+//   - a "chat {model}" span per model call (gen_ai.request.model from the
+//     run's model binding, gen_ai.response.id = the provider's call id,
+//     gen_ai.usage.input_tokens and gen_ai.usage.output_tokens when
+//     reported, error.type on a failed call);
+//   - an "execute_tool {tool}" span per action (gen_ai.tool.name,
+//     gen_ai.tool.call.id = the action's result id, polyloop.action.status;
+//     error.type when the environment failed or the call was rejected).
+//
+// Spans are built from the durable events, not from the calls as they
+// happen: a span starts when its side effect's result id was minted (the
+// id is a ULID, so it carries that time) and ends at its result's durable
+// time. Trace and span ids derive deterministically from the run id and the
+// result ids, so a run that crashed and was resumed — even in another
+// process — continues one trace, and since each result is durable exactly
+// once, no span is emitted twice.
+//
+// Prompts are not in the log and never in spans; replies, tool arguments
+// and observations go into spans only with Options.IncludeContent. The sink
+// never blocks the run: Emit puts the event on a bounded queue and returns;
+// when the queue is full the event is dropped, Emit returns ErrDropped (the
+// engine counts it in RunResult.EventDeliveryFailures) and Dropped counts
+// it. Shutdown drains the queue and flushes the exporter.
+//
+// The gen_ai.* attribute keys are this package's own constants (the semconv
+// package dropped them). What does not live here: the exporter (OTLP or
+// any sdktrace.SpanExporter the consumer chooses) and the engine, which
+// this package knows only through seams.EventSink.
+package otelsink
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// GenAI semantic-convention keys and values used here.
+const (
+	keyOperationName   = attribute.Key("gen_ai.operation.name")
+	keyAgentName       = attribute.Key("gen_ai.agent.name")
+	keyConversationID  = attribute.Key("gen_ai.conversation.id")
+	keyRequestModel    = attribute.Key("gen_ai.request.model")
+	keyResponseID      = attribute.Key("gen_ai.response.id")
+	keyInputTokens     = attribute.Key("gen_ai.usage.input_tokens")
+	keyOutputTokens    = attribute.Key("gen_ai.usage.output_tokens")
+	keyToolName        = attribute.Key("gen_ai.tool.name")
+	keyToolCallID      = attribute.Key("gen_ai.tool.call.id")
+	keyToolArguments   = attribute.Key("gen_ai.tool.call.arguments")
+	keyToolResult      = attribute.Key("gen_ai.tool.call.result")
+	keyErrorType       = attribute.Key("error.type")
+	keyStopReason      = attribute.Key("polyloop.stop_reason")
+	keyActionStatus    = attribute.Key("polyloop.action.status")
+	keyReplyContent    = attribute.Key("polyloop.reply.content")
+	keyCachedTokens    = attribute.Key("polyloop.usage.cached_input_tokens")
+	keyReasoningTokens = attribute.Key("polyloop.usage.reasoning_tokens")
+
+	opInvokeAgent = "invoke_agent"
+	opChat        = "chat"
+	opExecuteTool = "execute_tool"
+)
+
+// ErrDropped: the queue was full and the event was not traced.
+var ErrDropped = errors.New("otelsink: queue full, event dropped")
+
+// Options configure New.
+type Options struct {
+	// AgentName is gen_ai.agent.name and part of the run span's name
+	// (default "polyloop").
+	AgentName string
+	// IncludeContent puts replies, tool arguments and observations into
+	// spans. Off by default: they may hold personal or secret data.
+	IncludeContent bool
+	// QueueSize bounds the events waiting to be turned into spans (default
+	// 1024).
+	QueueSize int
+	// Resource describes the service (default: the SDK's default resource).
+	Resource *resource.Resource
+	// Runs, when set, lets a process that resumed a run find the run's
+	// start time for its invoke_agent span (the span then starts at the
+	// run's first event). Without it such a span starts at the earliest
+	// event this process saw of the run.
+	Runs seams.RunReader
+}
+
+// Sink is the EventSink. Use one per process; it serves every run.
+type Sink struct {
+	o       Options
+	tp      *sdktrace.TracerProvider
+	tracer  trace.Tracer
+	queue   chan events.Envelope
+	done    chan struct{}
+	dropped atomic.Int64
+	once    sync.Once
+
+	// runs is what the worker knows of each run in progress.
+	runs map[string]*runState
+}
+
+// runState is a run as the worker has seen it.
+type runState struct {
+	start time.Time // the run's first event seen here (or loaded)
+	model string    // the binding's model, for chat spans
+}
+
+// New returns a sink exporting spans with exporter (through a batching
+// processor).
+func New(exporter sdktrace.SpanExporter, o Options) *Sink {
+	if o.AgentName == "" {
+		o.AgentName = "polyloop"
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 1024
+	}
+	opts := []sdktrace.TracerProviderOption{
+		sdktrace.WithIDGenerator(derivedIDs{}),
+		sdktrace.WithBatcher(exporter),
+		sdktrace.WithSampler(sdktrace.AlwaysSample()),
+	}
+	if o.Resource != nil {
+		opts = append(opts, sdktrace.WithResource(o.Resource))
+	}
+	s := &Sink{o: o, tp: sdktrace.NewTracerProvider(opts...), queue: make(chan events.Envelope, o.QueueSize),
+		done: make(chan struct{}), runs: map[string]*runState{}}
+	s.tracer = s.tp.Tracer("github.com/polyloop/polyloop/otelsink")
+	go s.work()
+	return s
+}
+
+// Emit implements seams.EventSink: it queues env and returns at once.
+func (s *Sink) Emit(_ context.Context, env events.Envelope) (err error) {
+	defer func() {
+		if recover() != nil { // the queue was closed by Shutdown
+			s.dropped.Add(1)
+			err = ErrDropped
+		}
+	}()
+	select {
+	case s.queue <- env:
+		return nil
+	default:
+		s.dropped.Add(1)
+		return ErrDropped
+	}
+}
+
+// Parameters implements seams.EventSink: tracing does not change how a run
+// behaves, so a run traced or not resumes either way.
+func (s *Sink) Parameters() map[string]string { return nil }
+
+// Dropped is the number of events dropped because the queue was full.
+func (s *Sink) Dropped() int64 { return s.dropped.Load() }
+
+// ForceFlush exports every span finished so far (it does not wait for the
+// queue).
+func (s *Sink) ForceFlush(ctx context.Context) error { return s.tp.ForceFlush(ctx) }
+
+// Shutdown stops accepting events, turns the queued ones into spans, and
+// flushes and shuts down the exporter.
+func (s *Sink) Shutdown(ctx context.Context) error {
+	s.once.Do(func() { close(s.queue) })
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.tp.Shutdown(ctx)
+}
+
+func (s *Sink) work() {
+	defer close(s.done)
+	for env := range s.queue {
+		s.handle(env)
+	}
+}
+
+// handle turns one event into what it ends: a chat span (a model result),
+// an execute_tool span (a completed step with an action or a rejected tool
+// call), the invoke_agent span (the run's end).
+func (s *Sink) handle(env events.Envelope) {
+	runID := events.RunIDOf(env.Event)
+	st := s.runs[runID]
+	if st == nil {
+		st = &runState{start: env.Time()}
+		if s.o.Runs != nil {
+			if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil && len(stream) > 0 {
+				st.start = stream[0].Time()
+				if rs, ok := stream[0].Event.(events.RunStarted); ok {
+					st.model = rs.ParameterSnapshot["binding.model"]
+				}
+			}
+		}
+		s.runs[runID] = st
+	}
+	switch ev := env.Event.(type) {
+	case events.RunStarted:
+		st.model = ev.ParameterSnapshot["binding.model"]
+	case events.ModelCallResult:
+		s.chatSpan(runID, st, env, ev)
+	case events.StepCompleted:
+		s.toolSpan(runID, env, ev)
+	case events.RunFinished:
+		s.runSpan(runID, st, env, ev)
+		delete(s.runs, runID)
+	}
+}
+
+// child starts a span under the run's span, with the ids derived from the
+// run and the result id.
+func (s *Sink) child(runID, resultID, name string, start time.Time, attrs ...attribute.KeyValue) trace.Span {
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID(runID), SpanID: spanID(runID, ""),
+		TraceFlags: trace.FlagsSampled, Remote: true})
+	ctx := trace.ContextWithSpanContext(context.Background(), parent)
+	ctx = context.WithValue(ctx, wantKey{}, want{trace: traceID(runID), span: spanID(runID, resultID)})
+	_, span := s.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrs...))
+	return span
+}
+
+// startOf is when a side effect began: its result id's ULID time (minted
+// just before its intent was written), or fallback.
+func startOf(resultID string, fallback time.Time) time.Time {
+	if id, err := ulid.ParseStrict(resultID); err == nil {
+		if t := ulid.Time(id.Time()); !t.After(fallback) {
+			return t
+		}
+	}
+	return fallback
+}
+
+func (s *Sink) chatSpan(runID string, st *runState, env events.Envelope, ev events.ModelCallResult) {
+	name := opChat
+	attrs := []attribute.KeyValue{keyOperationName.String(opChat), keyConversationID.String(runID)}
+	if st.model != "" {
+		name += " " + st.model
+		attrs = append(attrs, keyRequestModel.String(st.model))
+	}
+	span := s.child(runID, ev.ResultID, name, startOf(ev.ResultID, env.Time()), attrs...)
+	if r := ev.Reply; r != nil {
+		if r.CallID != "" {
+			span.SetAttributes(keyResponseID.String(r.CallID))
+		}
+		if u := r.Usage; u != nil {
+			for _, c := range []struct {
+				k attribute.Key
+				v *int64
+			}{{keyInputTokens, u.InputTokens}, {keyOutputTokens, u.OutputTokens}, {keyCachedTokens, u.CachedInputTokens}, {keyReasoningTokens, u.ReasoningTokens}} {
+				if c.v != nil {
+					span.SetAttributes(c.k.Int64(*c.v))
+				}
+			}
+		}
+		if s.o.IncludeContent {
+			span.SetAttributes(keyReplyContent.String(r.Content))
+		}
+	} else {
+		span.SetAttributes(keyErrorType.String("model_call_failed"))
+		span.SetStatus(codes.Error, "the model call failed")
+	}
+	span.End(trace.WithTimestamp(env.Time()))
+}
+
+func (s *Sink) toolSpan(runID string, env events.Envelope, ev events.StepCompleted) {
+	rec := ev.Step
+	if rec.Action == nil || ev.ActionOutcome == nil {
+		return // no action: a final answer, a parse failure, a failed model call
+	}
+	name, attrs := opExecuteTool, []attribute.KeyValue{keyOperationName.String(opExecuteTool), keyConversationID.String(runID),
+		keyActionStatus.String(string(ev.ActionOutcome.Status))}
+	if rec.ToolName != nil {
+		name += " " + *rec.ToolName
+		attrs = append(attrs, keyToolName.String(*rec.ToolName))
+	}
+	// An executed action has its intent's result id; a tool call rejected
+	// before execution has none (and no intent), so its span is keyed by
+	// its step and lasts no time.
+	key, start := fmt.Sprintf("step %d rejected", rec.StepIdx), env.Time()
+	if ev.ResultID != "" {
+		key, start = ev.ResultID, startOf(ev.ResultID, env.Time())
+		attrs = append(attrs, keyToolCallID.String(ev.ResultID))
+	}
+	span := s.child(runID, key, name, start, attrs...)
+	switch ev.ActionOutcome.Status {
+	case events.StatusNotExecuted:
+		span.SetAttributes(keyErrorType.String("tool_call_rejected"))
+		span.SetStatus(codes.Error, "the tool call was rejected")
+	case events.StatusEnvError:
+		span.SetAttributes(keyErrorType.String("env_error"))
+		span.SetStatus(codes.Error, "the environment failed")
+	}
+	if s.o.IncludeContent {
+		if rec.ToolArguments != nil {
+			span.SetAttributes(keyToolArguments.String(*rec.ToolArguments))
+		}
+		span.SetAttributes(keyToolResult.String(rec.Observation))
+	}
+	span.End(trace.WithTimestamp(env.Time()))
+}
+
+func (s *Sink) runSpan(runID string, st *runState, env events.Envelope, ev events.RunFinished) {
+	ctx := context.WithValue(context.Background(), wantKey{}, want{trace: traceID(runID), span: spanID(runID, "")})
+	_, span := s.tracer.Start(ctx, opInvokeAgent+" "+s.o.AgentName, trace.WithTimestamp(st.start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithNewRoot(), trace.WithAttributes(
+			keyOperationName.String(opInvokeAgent), keyAgentName.String(s.o.AgentName),
+			keyConversationID.String(runID), keyStopReason.String(string(ev.Result.StopReason))))
+	switch ev.Result.StopReason {
+	case events.StopEnvError, events.StopLLMError, events.StopResumeStateUnknown:
+		span.SetAttributes(keyErrorType.String(string(ev.Result.StopReason)))
+		span.SetStatus(codes.Error, string(ev.Result.StopReason))
+	}
+	span.End(trace.WithTimestamp(env.Time()))
+}
+
+// Deterministic ids.
+
+// traceID is the run's trace: the same in every process that drives it.
+func traceID(runID string) trace.TraceID {
+	h := sha256.Sum256([]byte("polyloop trace\x00" + runID))
+	var id trace.TraceID
+	copy(id[:], h[:])
+	if !id.IsValid() {
+		id[0] = 1
+	}
+	return id
+}
+
+// spanID is the span of a side effect (by result id) or, for "", of the run.
+func spanID(runID, resultID string) trace.SpanID {
+	h := sha256.Sum256([]byte(fmt.Sprintf("polyloop span\x00%d:%s\x00%s", len(runID), runID, resultID)))
+	var id trace.SpanID
+	copy(id[:], h[:])
+	if !id.IsValid() {
+		id[0] = 1
+	}
+	return id
+}
+
+// want carries the ids a span must get; derivedIDs hands them to the SDK.
+type (
+	wantKey struct{}
+	want    struct {
+		trace trace.TraceID
+		span  trace.SpanID
+	}
+	derivedIDs struct{}
+)
+
+func (derivedIDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	w, _ := ctx.Value(wantKey{}).(want)
+	return w.trace, w.span
+}
+
+func (derivedIDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
+	w, _ := ctx.Value(wantKey{}).(want)
+	return w.span
+}
