@@ -1,0 +1,124 @@
+package otelsink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/otelsink"
+	"github.com/polyloop/polyloop/proptest"
+)
+
+const (
+	childStore = "OTELSINK_CHILD_STORE" // the child runs the agent on this file
+	childSpans = "OTELSINK_CHILD_SPANS" // and writes its spans here
+	childCrash = "OTELSINK_CHILD_CRASH" // crashing after this many appends
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childStore) != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+// lineExporter writes "trace span name" per span to a file.
+type lineExporter struct {
+	mu   sync.Mutex
+	path string
+}
+
+func (e *lineExporter) ExportSpans(_ context.Context, ss []sdktrace.ReadOnlySpan) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f, err := os.OpenFile(e.path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, s := range ss {
+		fmt.Fprintf(f, "%s %s %s\n", s.SpanContext().TraceID(), s.SpanContext().SpanID(), s.Name())
+	}
+	return nil
+}
+func (e *lineExporter) Shutdown(context.Context) error { return nil }
+
+// runChild is the first process: it runs the agent until its store
+// "crashes", exports its spans and exits.
+func runChild() int {
+	store, err := kv.Open(os.Getenv(childStore), kv.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	defer store.Close()
+	var after int
+	fmt.Sscan(os.Getenv(childCrash), &after)
+	sink := otelsink.New(&lineExporter{path: os.Getenv(childSpans)}, otelsink.Options{})
+	def, req := agent(&proptest.CrashingStore{Inner: store, After: after}, sink, script())
+	_, err = engine.Run(context.Background(), def, req)
+	sink.Shutdown(context.Background())
+	if !errors.Is(err, proptest.ErrCrashed) {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 4
+	}
+	return 0
+}
+
+// TestAResumeInAnotherProcessContinuesTheTrace: a child process runs the
+// agent until it crashes; this process resumes the run with its own sink.
+// The spans of both processes form one trace, each span once.
+func TestAResumeInAnotherProcessContinuesTheTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a child process")
+	}
+	for _, crash := range []int{2, 4} {
+		dir := t.TempDir()
+		path, spansFile := filepath.Join(dir, "s.db"), filepath.Join(dir, "spans")
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childStore+"="+path, childSpans+"="+spansFile, fmt.Sprint(childCrash, "=", crash))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		b, _ := os.ReadFile(spansFile)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		store, err := kv.Open(path, kv.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		second := spans(t, otelsink.Options{Runs: store}, func(sink *otelsink.Sink) {
+			def, req := agent(store, sink, script())
+			if _, err := engine.Resume(context.Background(), def, req); err != nil {
+				t.Fatal(err)
+			}
+		})
+		store.Close()
+		for _, s := range second {
+			lines = append(lines, fmt.Sprintf("%s %s %s", s.SpanContext.TraceID(), s.SpanContext.SpanID(), s.Name))
+		}
+		seen, trace := map[string]bool{}, ""
+		for _, l := range lines {
+			f := strings.SplitN(l, " ", 3)
+			if trace == "" {
+				trace = f[0]
+			}
+			if f[0] != trace || seen[f[1]] {
+				t.Fatalf("crash %d: spans of two traces or a span twice:\n%s", crash, strings.Join(lines, "\n"))
+			}
+			seen[f[1]] = true
+		}
+		if len(lines) != 8 || len(second) == 8 {
+			t.Fatalf("crash %d: %d spans, %d from the resuming process", crash, len(lines), len(second))
+		}
+	}
+}
