@@ -106,13 +106,19 @@ type Sink struct {
 	o       Options
 	tp      *sdktrace.TracerProvider
 	tracer  trace.Tracer
-	queue   chan events.Envelope
+	queue   chan item
 	done    chan struct{}
 	dropped atomic.Int64
 	once    sync.Once
 
 	// runs is what the worker knows of each run in progress.
 	runs map[string]*runState
+}
+
+// item is a queued event, or (flushed set) a marker ForceFlush waits for.
+type item struct {
+	env     events.Envelope
+	flushed chan struct{}
 }
 
 // runState is a run as the worker has seen it.
@@ -138,7 +144,7 @@ func New(exporter sdktrace.SpanExporter, o Options) *Sink {
 	if o.Resource != nil {
 		opts = append(opts, sdktrace.WithResource(o.Resource))
 	}
-	s := &Sink{o: o, tp: sdktrace.NewTracerProvider(opts...), queue: make(chan events.Envelope, o.QueueSize),
+	s := &Sink{o: o, tp: sdktrace.NewTracerProvider(opts...), queue: make(chan item, o.QueueSize),
 		done: make(chan struct{}), runs: map[string]*runState{}}
 	s.tracer = s.tp.Tracer("github.com/polyloop/polyloop/otelsink")
 	go s.work()
@@ -154,7 +160,7 @@ func (s *Sink) Emit(_ context.Context, env events.Envelope) (err error) {
 		}
 	}()
 	select {
-	case s.queue <- env:
+	case s.queue <- item{env: env}:
 		return nil
 	default:
 		s.dropped.Add(1)
@@ -169,9 +175,27 @@ func (s *Sink) Parameters() map[string]string { return nil }
 // Dropped is the number of events dropped because the queue was full.
 func (s *Sink) Dropped() int64 { return s.dropped.Load() }
 
-// ForceFlush exports every span finished so far (it does not wait for the
-// queue).
-func (s *Sink) ForceFlush(ctx context.Context) error { return s.tp.ForceFlush(ctx) }
+// ForceFlush turns every event queued so far into spans and exports them.
+// Unlike Emit it waits (for the queue, then the exporter), up to ctx.
+func (s *Sink) ForceFlush(ctx context.Context) (err error) {
+	done := make(chan struct{})
+	defer func() {
+		if recover() != nil { // shut down: nothing is queued any more
+			err = s.tp.ForceFlush(ctx)
+		}
+	}()
+	select {
+	case s.queue <- item{flushed: done}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.tp.ForceFlush(ctx)
+}
 
 // Shutdown stops accepting events, turns the queued ones into spans, and
 // flushes and shuts down the exporter.
@@ -187,8 +211,12 @@ func (s *Sink) Shutdown(ctx context.Context) error {
 
 func (s *Sink) work() {
 	defer close(s.done)
-	for env := range s.queue {
-		s.handle(env)
+	for it := range s.queue {
+		if it.flushed != nil {
+			close(it.flushed)
+			continue
+		}
+		s.handle(it.env)
 	}
 }
 

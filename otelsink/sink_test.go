@@ -3,12 +3,10 @@ package otelsink_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -51,32 +49,21 @@ func agent(store seams.RunStore, sink seams.EventSink, turns []seamstest.Turn) (
 			Budget:       engine.Budget{MaxSteps: 10, MaxActions: 10, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}}
 }
 
-// recorder keeps what was exported past Shutdown (tracetest's in-memory
-// exporter forgets its spans when shut down).
-type recorder struct {
-	mu    sync.Mutex
-	spans tracetest.SpanStubs
-}
-
-func (r *recorder) ExportSpans(_ context.Context, ss []sdktrace.ReadOnlySpan) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.spans = append(r.spans, tracetest.SpanStubsFromReadOnlySpans(ss)...)
-	return nil
-}
-func (r *recorder) Shutdown(context.Context) error { return nil }
-
-// spans runs f with a fresh sink and returns what it exported once shut
-// down.
+// spans runs f with a fresh sink on tracetest's in-memory exporter and
+// returns what it exported.
 func spans(t *testing.T, o otelsink.Options, f func(sink *otelsink.Sink)) tracetest.SpanStubs {
 	t.Helper()
-	exp := &recorder{}
+	exp := tracetest.NewInMemoryExporter()
 	sink := otelsink.New(exp, o)
 	f(sink)
+	if err := sink.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := exp.GetSpans() // before Shutdown, which empties the exporter
 	if err := sink.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return exp.spans
+	return got
 }
 
 func attr(s tracetest.SpanStub, k string) (attribute.Value, bool) {
