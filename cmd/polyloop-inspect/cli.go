@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -256,9 +257,4 @@ func plural(n int, noun string) string {
 	return fmt.Sprintf("%d %ss", n, noun)
 }
 
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format("2006-01-02T15:04:05.000Z")
-}
+func stamp(t time.Time) string { return report.Stamp(t) }

@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/report"
 )
 
 func eventsCommand(c *call) int {
@@ -18,13 +19,7 @@ func eventsCommand(c *call) int {
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)
 		for _, env := range stream {
-			enc.Encode(struct {
-				ID            string       `json:"id"`
-				Time          string       `json:"time"`
-				Kind          events.Kind  `json:"kind"`
-				SchemaVersion string       `json:"schema_version"`
-				Payload       events.Event `json:"payload"`
-			}{env.ID.String(), stamp(env.Time()), env.Kind, env.SchemaVersion, env.Event})
+			enc.Encode(report.Event(env))
 		}
 		return exitOK
 	}

@@ -30,7 +30,7 @@ func exportCommand(c *call) int {
 			return exitProblem
 		}
 		for i := len(runs) - 1; i >= 0; i-- {
-			ids = append(ids, runs[i].info.RunID)
+			ids = append(ids, runs[i].Info.RunID)
 		}
 	}
 	code := exitOK

@@ -5,58 +5,20 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/projections"
-	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 )
 
-// Run statuses of listings, from recovery's verdict.
-const (
-	statusFinished = "finished"
-	statusRunning  = "running"
-	statusInDoubt  = "in_doubt"
-	statusCorrupt  = "corrupt"
-)
-
-// runView is one run as runs shows it.
-type runView struct {
-	info    seams.RunInfo
-	usage   events.UsageTotals
-	status  string
-	verdict recovery.Verdict
-	err     error // why the run is corrupt
-}
-
-// view loads runID and classifies it.
-func view(s seams.RunReader, info seams.RunInfo) runView {
-	stream, err := s.Load(context.Background(), info.RunID)
-	v, err := recovery.ClassifyLoaded(info.RunID, stream, err)
-	r := runView{info: info, verdict: v, err: err, usage: projections.Fold(stream).Usage()}
-	switch {
-	case err != nil:
-		r.status = statusCorrupt
-	case v.State == recovery.Finished:
-		r.status = statusFinished
-	case v.InDoubt != nil:
-		r.status = statusInDoubt
-	default:
-		r.status = statusRunning
-	}
-	return r
-}
-
-// runFilter selects runs for runs.
+// runFilter is runs' flags, read into a report.Filter.
 type runFilter struct {
 	status, stopReason multiFlag
 	since              string
 	limit              int
-	sinceTime          time.Time
+	report.Filter
 }
 
 func runsFlags(fs *flag.FlagSet, c *call) {
@@ -66,75 +28,31 @@ func runsFlags(fs *flag.FlagSet, c *call) {
 	fs.IntVar(&c.filter.limit, "limit", 0, "at most this many runs (the newest)")
 }
 
-// check validates the filter's values.
+// check validates the flags and fills the report filter.
 func (f *runFilter) check() error {
-	for _, s := range f.status {
-		if !slices.Contains([]string{statusFinished, statusRunning, statusInDoubt, statusCorrupt}, s) {
-			return fmt.Errorf("--status %q: want finished, running, in_doubt or corrupt", s)
-		}
-	}
-	for _, r := range f.stopReason {
-		if !events.StopReason(r).Valid() {
-			return fmt.Errorf("--stop-reason %q is not a stop reason", r)
-		}
-	}
-	if f.limit < 0 {
-		return fmt.Errorf("--limit %d: want a positive number", f.limit)
-	}
+	f.Filter = report.Filter{Status: f.status, StopReason: f.stopReason, Limit: f.limit}
 	if f.since != "" {
-		if d, err := time.ParseDuration(f.since); err == nil {
-			f.sinceTime = time.Now().Add(-d)
-		} else if t, err := time.Parse(time.RFC3339, f.since); err == nil {
-			f.sinceTime = t
-		} else {
-			return fmt.Errorf("--since %q: want an RFC 3339 time (2026-11-30T09:00:00Z) or a duration (24h)", f.since)
+		t, err := report.ParseSince(f.since, time.Now())
+		if err != nil {
+			return fmt.Errorf("--%w", err)
 		}
+		f.Since = t
+	}
+	if err := f.Filter.Check(); err != nil {
+		return fmt.Errorf("--%w", err)
 	}
 	return nil
 }
 
-func (f *runFilter) keeps(r runView) bool {
-	if len(f.status) > 0 && !slices.Contains(f.status, r.status) {
-		return false
-	}
-	if len(f.stopReason) > 0 && !slices.Contains(f.stopReason, string(r.info.StopReason)) {
-		return false
-	}
-	return f.sinceTime.IsZero() || !r.info.FirstEvent.Before(f.sinceTime)
-}
-
-// listRuns is the store's runs, newest first (ties by run id), with their
-// status.
-func (c *call) listRuns(s seams.RunReader) ([]runView, bool) {
-	infos, err := s.Runs(context.Background())
+// listRuns is the store's runs, newest first, classified; it reports a
+// failure itself.
+func (c *call) listRuns(s seams.RunReader) ([]report.Run, bool) {
+	runs, err := report.List(context.Background(), s)
 	if err != nil {
 		c.fail("%s", escape(err.Error()))
 		return nil, false
 	}
-	slices.SortStableFunc(infos, func(a, b seams.RunInfo) int {
-		if n := b.FirstEvent.Compare(a.FirstEvent); n != 0 {
-			return n
-		}
-		return strings.Compare(a.RunID, b.RunID)
-	})
-	out := make([]runView, 0, len(infos))
-	for _, info := range infos {
-		out = append(out, view(s, info))
-	}
-	return out, true
-}
-
-// runJSON is a run in runs --json.
-type runJSON struct {
-	RunID       string             `json:"run_id"`
-	Status      string             `json:"status"`
-	Steps       int                `json:"steps"`
-	Events      int                `json:"events"`
-	StopReason  *events.StopReason `json:"stop_reason"`
-	Started     *string            `json:"started"`
-	LastEvent   *string            `json:"last_event"`
-	FinalAnswer *string            `json:"final_answer"`
-	Usage       events.UsageTotals `json:"usage"`
+	return runs, true
 }
 
 func runsCommand(c *call) int {
@@ -147,12 +65,7 @@ func runsCommand(c *call) int {
 	if !ok {
 		return exitProblem
 	}
-	var shown []runView
-	for _, r := range all {
-		if c.filter.keeps(r) && (c.filter.limit == 0 || len(shown) < c.filter.limit) {
-			shown = append(shown, r)
-		}
-	}
+	shown := c.filter.Apply(all)
 	corrupt := 0
 	enc := json.NewEncoder(c.stdout)
 	enc.SetEscapeHTML(false)
@@ -161,27 +74,19 @@ func runsCommand(c *call) int {
 		fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tSTOP REASON\tTOKENS\tSTARTED\tLAST EVENT")
 	}
 	for _, r := range shown {
-		if r.status == statusCorrupt {
+		if r.Status == report.Corrupt {
 			corrupt++
 		}
 		if c.json {
-			j := runJSON{RunID: r.info.RunID, Status: r.status, Steps: r.info.Steps, Events: r.info.Events, Usage: r.usage,
-				Started: timeOrNil(r.info.FirstEvent), LastEvent: timeOrNil(r.info.LastEvent)}
-			if r.info.StopReason != "" {
-				j.StopReason = &r.info.StopReason
-			}
-			if res := r.verdict.Result; res != nil {
-				j.FinalAnswer = res.FinalAnswer
-			}
-			enc.Encode(j)
+			enc.Encode(r.JSON())
 			continue
 		}
-		reason := string(r.info.StopReason)
+		reason := string(r.Info.StopReason)
 		if reason == "" {
 			reason = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(r.info.RunID, 60), r.status, r.info.Steps, reason,
-			tokens(r.usage), stamp(r.info.FirstEvent), stamp(r.info.LastEvent))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(r.Info.RunID, 60), r.Status, r.Info.Steps, reason,
+			tokens(r.Usage), stamp(r.Info.FirstEvent), stamp(r.Info.LastEvent))
 	}
 	tw.Flush()
 	if corrupt > 0 {
@@ -189,15 +94,6 @@ func runsCommand(c *call) int {
 		return exitProblem
 	}
 	return exitOK
-}
-
-// timeOrNil is t as JSON shows times (UTC, milliseconds), nil when zero.
-func timeOrNil(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := stamp(t)
-	return &s
 }
 
 // tokens is a run's token total for a table: "-" when no call reported

@@ -7,6 +7,7 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/report"
 )
 
 func stepsCommand(c *call) int {
@@ -33,10 +34,11 @@ func stepsCommand(c *call) int {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "STEP\tPARSE\tACTION\tTOOL\tSTATUS\tPROMPT\tTOKENS\tWALL MS\tOBSERVATION")
+	perStep := report.StepTokens(log)
 	for i, s := range steps {
 		var u events.UsageTotals
-		if i < len(log.ModelResults) && log.ModelResults[i].Reply != nil {
-			u.Add(log.ModelResults[i].Reply.Usage)
+		if perStep[i] != nil {
+			u.Add(perStep[i])
 		}
 		parse := "ok"
 		if !s.ParseOK {
@@ -51,7 +53,7 @@ func stepsCommand(c *call) int {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "usage: %s\n", log.Usage())
-	for _, e := range envErrors(stream) {
+	for _, e := range report.EnvErrors(stream) {
 		fmt.Fprintf(w, "step %d env_error: %s\n", e.Step, clip(e.Cause, 200))
 	}
 	return exitOK

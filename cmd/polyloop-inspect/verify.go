@@ -3,42 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 )
-
-// verdictJSON is a run in verify --json.
-type verdictJSON struct {
-	RunID       string             `json:"run_id"`
-	Verdict     string             `json:"verdict"` // finished, resumable, corrupt
-	State       *recovery.State    `json:"state"`
-	Step        *int               `json:"step"`
-	Plan        *recovery.Plan     `json:"plan"`
-	PlanText    *string            `json:"plan_text"`
-	InDoubt     *inDoubtJSON       `json:"in_doubt"`
-	Problems    []string           `json:"problems"`
-	StopReason  *events.StopReason `json:"stop_reason"`
-	FinalAnswer *string            `json:"final_answer"`
-	EnvErrors   []envErrorJSON     `json:"env_errors"`
-}
-
-type inDoubtJSON struct {
-	Step         int                 `json:"step"`
-	Kind         events.IntentKind   `json:"kind"`
-	Tool         *string             `json:"tool"`
-	ResultID     string              `json:"result_id"`
-	ReplayPolicy events.ReplayPolicy `json:"replay_policy"`
-}
-
-type envErrorJSON struct {
-	Step  int    `json:"step"`
-	Cause string `json:"cause"`
-}
 
 func verifyCommand(c *call) int {
 	s, ok := c.openStore(c.args[0])
@@ -55,7 +26,7 @@ func verifyCommand(c *call) int {
 			return exitProblem
 		}
 		for i := len(runs) - 1; i >= 0; i-- { // oldest first, as they happened
-			ids = append(ids, runs[i].info.RunID)
+			ids = append(ids, runs[i].Info.RunID)
 		}
 	}
 	enc := json.NewEncoder(c.stdout)
@@ -71,7 +42,7 @@ func verifyCommand(c *call) int {
 			corrupt++
 		}
 		if c.json {
-			enc.Encode(verdictOf(id, stream, v, err))
+			enc.Encode(report.Verdict(id, stream, v, err))
 		} else {
 			printVerdict(c, id, stream, v, err)
 		}
@@ -90,59 +61,15 @@ func verifyCommand(c *call) int {
 	return exitOK
 }
 
-// problems lists why a run is corrupt.
-func problems(err error) []string {
-	var ce *recovery.CorruptError
-	if errors.As(err, &ce) {
-		return ce.Reasons
-	}
-	return strings.Split(err.Error(), "\n")
-}
-
-// envErrors are the causes of the run's env_error outcomes.
-func envErrors(stream []events.Envelope) []envErrorJSON {
-	var out []envErrorJSON
-	for _, env := range stream {
-		if sc, ok := env.Event.(events.StepCompleted); ok && sc.ActionOutcome != nil && sc.ActionOutcome.EnvError != nil {
-			out = append(out, envErrorJSON{Step: sc.Step.StepIdx, Cause: *sc.ActionOutcome.EnvError})
-		}
-	}
-	return out
-}
-
-func verdictOf(id string, stream []events.Envelope, v recovery.Verdict, err error) verdictJSON {
-	j := verdictJSON{RunID: id, EnvErrors: envErrors(stream)}
-	if err != nil {
-		j.Verdict, j.Problems = "corrupt", problems(err)
-		return j
-	}
-	plan, text := v.Plan, v.Plan.Describe()
-	j.State, j.Plan, j.PlanText = &v.State, &plan, &text
-	if v.State == recovery.Finished {
-		j.Verdict = "finished"
-		j.StopReason, j.FinalAnswer = &v.Result.StopReason, v.Result.FinalAnswer
-		return j
-	}
-	j.Verdict, j.Step = "resumable", &v.Step
-	if in := v.InDoubt; in != nil {
-		d := &inDoubtJSON{Step: in.CallIndex, Kind: in.IntentKind, ResultID: in.ResultID, ReplayPolicy: in.ReplayPolicy}
-		if in.ToolName != "" {
-			d.Tool = &in.ToolName
-		}
-		j.InDoubt = d
-	}
-	return j
-}
-
 func printVerdict(c *call, id string, stream []events.Envelope, v recovery.Verdict, err error) {
 	w := c.stdout
 	defer func() {
-		for _, e := range envErrors(stream) {
+		for _, e := range report.EnvErrors(stream) {
 			fmt.Fprintf(w, "  env_error in step %d: %s\n", e.Step, clip(e.Cause, 200))
 		}
 	}()
 	if err != nil {
-		reasons := problems(err)
+		reasons := report.Problems(err)
 		fmt.Fprintf(w, "%s: corrupt (%s)\n", clip(id, 80), plural(len(reasons), "problem"))
 		for _, r := range reasons {
 			fmt.Fprintf(w, "  - %s\n", escape(r))

@@ -1,0 +1,286 @@
+// Package report is what PolyLoop's readers say about runs — the
+// polyloop-inspect command and the run viewer: a run's listing status from
+// recovery's verdict, filters over listings, and the JSON shapes both
+// print (the same names in `polyloop-inspect … --json` and the viewer's
+// endpoints). It reads through seams.RunReader, never a particular store.
+//
+// What does not live here: rendering (text tables in cmd/polyloop-inspect,
+// HTML in package viewer) and the verdicts themselves (package recovery).
+package report
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// Statuses of a run in listings, from recovery's verdict.
+const (
+	Finished = "finished" // the run ended
+	Running  = "running"  // no end recorded, nothing in doubt: in progress, or resumable
+	InDoubt  = "in_doubt" // a side effect's outcome is unknown
+	Corrupt  = "corrupt"  // the log breaks a structural rule
+)
+
+// Statuses lists them in order.
+var Statuses = []string{Finished, Running, InDoubt, Corrupt}
+
+// Run is one run as a listing shows it.
+type Run struct {
+	Info    seams.RunInfo
+	Status  string
+	Verdict recovery.Verdict
+	Err     error // why the run is corrupt
+	Usage   events.UsageTotals
+}
+
+// Classify is the run whose index entry is info, from its loaded stream.
+func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
+	v, err := recovery.ClassifyLoaded(info.RunID, stream, loadErr)
+	r := Run{Info: info, Verdict: v, Err: err, Usage: projections.Fold(stream).Usage()}
+	switch {
+	case err != nil:
+		r.Status = Corrupt
+	case v.State == recovery.Finished:
+		r.Status = Finished
+	case v.InDoubt != nil:
+		r.Status = InDoubt
+	default:
+		r.Status = Running
+	}
+	return r
+}
+
+// List is every run of the store, newest first (by first event; ties by
+// run id), classified.
+func List(ctx context.Context, s seams.RunReader) ([]Run, error) {
+	infos, err := s.Runs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(infos, func(a, b seams.RunInfo) int {
+		if n := b.FirstEvent.Compare(a.FirstEvent); n != 0 {
+			return n
+		}
+		return strings.Compare(a.RunID, b.RunID)
+	})
+	out := make([]Run, 0, len(infos))
+	for _, info := range infos {
+		stream, err := s.Load(ctx, info.RunID)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		out = append(out, Classify(info, stream, err))
+	}
+	return out, nil
+}
+
+// Filter selects runs of a listing; the zero value keeps every run.
+type Filter struct {
+	Status     []string // any of these statuses
+	StopReason []string // any of these stop reasons
+	Since      time.Time
+	Limit      int // at most this many (the first, i.e. newest); 0: all
+}
+
+// ParseSince reads a --since value: an RFC 3339 time, or a duration before
+// now.
+func ParseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("since %q: want an RFC 3339 time (2026-11-30T09:00:00Z) or a duration (24h)", s)
+}
+
+// Check reports a filter value that can never match.
+func (f Filter) Check() error {
+	var errs []error
+	for _, s := range f.Status {
+		if !slices.Contains(Statuses, s) {
+			errs = append(errs, fmt.Errorf("status %q: want finished, running, in_doubt or corrupt", s))
+		}
+	}
+	for _, r := range f.StopReason {
+		if !events.StopReason(r).Valid() {
+			errs = append(errs, fmt.Errorf("stop reason %q is not a stop reason", r))
+		}
+	}
+	if f.Limit < 0 {
+		errs = append(errs, fmt.Errorf("limit %d: want a positive number", f.Limit))
+	}
+	return errors.Join(errs...)
+}
+
+// Apply is the runs f keeps, in order.
+func (f Filter) Apply(runs []Run) []Run {
+	var out []Run
+	for _, r := range runs {
+		if f.Limit > 0 && len(out) == f.Limit {
+			break
+		}
+		if len(f.Status) > 0 && !slices.Contains(f.Status, r.Status) ||
+			len(f.StopReason) > 0 && !slices.Contains(f.StopReason, string(r.Info.StopReason)) ||
+			!f.Since.IsZero() && r.Info.FirstEvent.Before(f.Since) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// Stamp is a time as readers print it: UTC, milliseconds; "-" when zero.
+func Stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+func stampOrNil(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := Stamp(t)
+	return &s
+}
+
+// RunJSON is a run in listings' JSON.
+type RunJSON struct {
+	RunID       string             `json:"run_id"`
+	Status      string             `json:"status"`
+	Steps       int                `json:"steps"`
+	Events      int                `json:"events"`
+	StopReason  *events.StopReason `json:"stop_reason"`
+	Started     *string            `json:"started"`
+	LastEvent   *string            `json:"last_event"`
+	FinalAnswer *string            `json:"final_answer"`
+	Usage       events.UsageTotals `json:"usage"`
+}
+
+// JSON is r's listing JSON.
+func (r Run) JSON() RunJSON {
+	j := RunJSON{RunID: r.Info.RunID, Status: r.Status, Steps: r.Info.Steps, Events: r.Info.Events, Usage: r.Usage,
+		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent)}
+	if r.Info.StopReason != "" {
+		reason := r.Info.StopReason
+		j.StopReason = &reason
+	}
+	if res := r.Verdict.Result; res != nil {
+		j.FinalAnswer = res.FinalAnswer
+	}
+	return j
+}
+
+// VerdictJSON is a run's verdict in JSON.
+type VerdictJSON struct {
+	RunID       string             `json:"run_id"`
+	Verdict     string             `json:"verdict"` // finished, resumable, corrupt
+	State       *recovery.State    `json:"state"`
+	Step        *int               `json:"step"`
+	Plan        *recovery.Plan     `json:"plan"`
+	PlanText    *string            `json:"plan_text"`
+	InDoubt     *InDoubtJSON       `json:"in_doubt"`
+	Problems    []string           `json:"problems"`
+	StopReason  *events.StopReason `json:"stop_reason"`
+	FinalAnswer *string            `json:"final_answer"`
+	EnvErrors   []EnvError         `json:"env_errors"`
+}
+
+// InDoubtJSON is a side effect whose outcome is unknown.
+type InDoubtJSON struct {
+	Step         int                 `json:"step"`
+	Kind         events.IntentKind   `json:"kind"`
+	Tool         *string             `json:"tool"`
+	ResultID     string              `json:"result_id"`
+	ReplayPolicy events.ReplayPolicy `json:"replay_policy"`
+}
+
+// EnvError is the stored cause of a step's env_error.
+type EnvError struct {
+	Step  int    `json:"step"`
+	Cause string `json:"cause"`
+}
+
+// EnvErrors are the causes of a stream's env_error outcomes.
+func EnvErrors(stream []events.Envelope) []EnvError {
+	var out []EnvError
+	for _, env := range stream {
+		if sc, ok := env.Event.(events.StepCompleted); ok && sc.ActionOutcome != nil && sc.ActionOutcome.EnvError != nil {
+			out = append(out, EnvError{Step: sc.Step.StepIdx, Cause: *sc.ActionOutcome.EnvError})
+		}
+	}
+	return out
+}
+
+// Problems lists why a run is corrupt.
+func Problems(err error) []string {
+	var ce *recovery.CorruptError
+	if errors.As(err, &ce) {
+		return ce.Reasons
+	}
+	return strings.Split(err.Error(), "\n")
+}
+
+// Verdict is the verdict JSON of runID's stream, classified as v (err: why
+// it is corrupt).
+func Verdict(runID string, stream []events.Envelope, v recovery.Verdict, err error) VerdictJSON {
+	j := VerdictJSON{RunID: runID, EnvErrors: EnvErrors(stream)}
+	if err != nil {
+		j.Verdict, j.Problems = "corrupt", Problems(err)
+		return j
+	}
+	plan, text := v.Plan, v.Plan.Describe()
+	j.State, j.Plan, j.PlanText = &v.State, &plan, &text
+	if v.State == recovery.Finished {
+		j.Verdict = "finished"
+		j.StopReason, j.FinalAnswer = &v.Result.StopReason, v.Result.FinalAnswer
+		return j
+	}
+	j.Verdict, j.Step = "resumable", &v.Step
+	if in := v.InDoubt; in != nil {
+		d := &InDoubtJSON{Step: in.CallIndex, Kind: in.IntentKind, ResultID: in.ResultID, ReplayPolicy: in.ReplayPolicy}
+		if in.ToolName != "" {
+			tool := in.ToolName
+			d.Tool = &tool
+		}
+		j.InDoubt = d
+	}
+	return j
+}
+
+// EventJSON is an event in JSON: its envelope and payload.
+type EventJSON struct {
+	ID            string       `json:"id"`
+	Time          string       `json:"time"`
+	Kind          events.Kind  `json:"kind"`
+	SchemaVersion string       `json:"schema_version"`
+	Payload       events.Event `json:"payload"`
+}
+
+// Event is env's JSON.
+func Event(env events.Envelope) EventJSON {
+	return EventJSON{ID: env.ID.String(), Time: Stamp(env.Time()), Kind: env.Kind, SchemaVersion: env.SchemaVersion, Payload: env.Event}
+}
+
+// StepTokens is each step's model call usage (nil where the call failed
+// or reported none), by step index.
+func StepTokens(log *projections.RunLog) []*events.Usage {
+	out := make([]*events.Usage, len(log.Steps))
+	for i := range out {
+		if i < len(log.ModelResults) && log.ModelResults[i].Reply != nil {
+			out[i] = log.ModelResults[i].Reply.Usage
+		}
+	}
+	return out
+}
