@@ -1,0 +1,399 @@
+// Package viewer is a read-only web view of a store's runs: an
+// http.Handler a service mounts beside its agents, or that
+// `polyloop-inspect serve` serves from a file or a postgres:// URL.
+//
+//	mux.Handle("/runs/", http.StripPrefix("/runs", viewer.New(store, viewer.Options{})))
+//
+// Pages (server-rendered with html/template; a few lines of plain
+// JavaScript refresh a running run's page when it gets new events):
+//
+//	/                 the runs, newest first: status, stop reason, steps,
+//	                  tokens, started, last event; filterable (?status=,
+//	                  ?stop_reason=, ?since=, ?limit=)
+//	/run?id=ID        a run: its verdict, the side effect in doubt and what
+//	                  Resume would do, and the step timeline (parse result,
+//	                  action, tool, status, prompt size, tokens, wall time
+//	                  as a bar, the observation expandable)
+//
+// JSON, with the names polyloop-inspect prints with --json:
+//
+//	/api/runs                 the runs (same filters)
+//	/api/events?run=ID        the events
+//	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
+//	/api/verify?run=ID        the verdict
+//	/api/follow?run=ID        new events as server-sent events, from the
+//	                          &after= event count on; ends after run_finished
+//
+// Run ids go in the query, not the path: an id may hold any character.
+//
+// Everything a run holds is untrusted model output and is escaped; pages
+// carry a Content-Security-Policy that allows no inline script. The
+// handler only reads (GET and HEAD; anything else is 405).
+//
+// What does not live here: what a run's status or verdict is (packages
+// report and recovery) and any store (it reads a seams.RunReader).
+package viewer
+
+import (
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// Options configure New.
+type Options struct {
+	// Poll is how often the follow endpoint looks for new events (default
+	// 250ms).
+	Poll time.Duration
+}
+
+type handler struct {
+	store seams.RunReader
+	o     Options
+	pages *template.Template
+	mux   *http.ServeMux
+}
+
+// New returns the viewer over store. It never writes.
+func New(store seams.RunReader, o Options) http.Handler {
+	if o.Poll <= 0 {
+		o.Poll = 250 * time.Millisecond
+	}
+	h := &handler{store: store, o: o, mux: http.NewServeMux()}
+	h.pages = template.Must(template.New("").Funcs(template.FuncMap{
+		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": plural,
+	}).ParseFS(assets, "templates/*.html"))
+	static, _ := fs.Sub(assets, "static")
+	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	h.mux.HandleFunc("GET /{$}", h.runsPage)
+	h.mux.HandleFunc("GET /run", h.runPage)
+	h.mux.HandleFunc("GET /api/runs", h.runsJSON)
+	h.mux.HandleFunc("GET /api/events", h.eventsJSON)
+	h.mux.HandleFunc("GET /api/steps", h.stepsJSON)
+	h.mux.HandleFunc("GET /api/verify", h.verifyJSON)
+	h.mux.HandleFunc("GET /api/follow", h.follow)
+	return h
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "the viewer is read-only", http.StatusMethodNotAllowed)
+		return
+	}
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	h.mux.ServeHTTP(w, r)
+}
+
+// filter reads the listing filters from the query.
+func filter(r *http.Request) (report.Filter, error) {
+	q := r.URL.Query()
+	f := report.Filter{Status: nonEmpty(q["status"]), StopReason: nonEmpty(q["stop_reason"])}
+	if s := q.Get("since"); s != "" {
+		t, err := report.ParseSince(s, time.Now())
+		if err != nil {
+			return f, err
+		}
+		f.Since = t
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return f, fmt.Errorf("limit %q is not a number", s)
+		}
+		f.Limit = n
+	}
+	return f, f.Check()
+}
+
+func nonEmpty(v []string) []string {
+	var out []string
+	for _, s := range v {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// runs lists the filtered runs, answering the error itself.
+func (h *handler) runs(w http.ResponseWriter, r *http.Request) ([]report.Run, report.Filter, bool) {
+	f, err := filter(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return nil, f, false
+	}
+	all, err := report.List(r.Context(), h.store)
+	if err != nil {
+		http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)
+		return nil, f, false
+	}
+	return f.Apply(all), f, true
+}
+
+// load loads the run the path names, answering a failure itself. A damaged
+// stream is returned with its error (the pages show the damage).
+func (h *handler) load(w http.ResponseWriter, r *http.Request) (string, []events.Envelope, error, bool) {
+	id := runID(r)
+	if id == "" {
+		http.Error(w, "which run? (?run=ID)", http.StatusBadRequest)
+		return id, nil, nil, false
+	}
+	stream, err := h.store.Load(r.Context(), id)
+	var damage *events.DamageError
+	switch {
+	case err != nil && !errors.As(err, &damage):
+		http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)
+		return id, nil, nil, false
+	case err == nil && len(stream) == 0:
+		http.Error(w, fmt.Sprintf("no run %q", clip(id, 80)), http.StatusNotFound)
+		return id, nil, nil, false
+	}
+	return id, stream, err, true
+}
+
+// runID is the run a request names (?run=, or ?id= on the run page).
+func runID(r *http.Request) string {
+	if id := r.URL.Query().Get("run"); id != "" {
+		return id
+	}
+	return r.URL.Query().Get("id")
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(true) // JSON read by a browser: no raw < > &
+	enc.Encode(v)
+}
+
+func (h *handler) runsJSON(w http.ResponseWriter, r *http.Request) {
+	runs, _, ok := h.runs(w, r)
+	if !ok {
+		return
+	}
+	out := make([]report.RunJSON, len(runs))
+	for i, run := range runs {
+		out[i] = run.JSON()
+	}
+	writeJSON(w, out)
+}
+
+func (h *handler) eventsJSON(w http.ResponseWriter, r *http.Request) {
+	_, stream, _, ok := h.load(w, r)
+	if !ok {
+		return
+	}
+	out := make([]report.EventJSON, len(stream))
+	for i, env := range stream {
+		out[i] = report.Event(env)
+	}
+	writeJSON(w, out)
+}
+
+func (h *handler) stepsJSON(w http.ResponseWriter, r *http.Request) {
+	_, stream, _, ok := h.load(w, r)
+	if !ok {
+		return
+	}
+	writeJSON(w, projections.Fold(stream).Trajectory())
+}
+
+func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
+	id, stream, loadErr, ok := h.load(w, r)
+	if !ok {
+		return
+	}
+	v, err := recovery.ClassifyLoaded(id, stream, loadErr)
+	writeJSON(w, report.Verdict(id, stream, v, err))
+}
+
+// follow streams the run's events from ?after= (a count of events already
+// seen) as server-sent events, polling the store, until run_finished or
+// the client leaves.
+func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
+	id := runID(r)
+	if id == "" {
+		http.Error(w, "which run? (?run=ID)", http.StatusBadRequest)
+		return
+	}
+	seen, _ := strconv.Atoi(r.URL.Query().Get("after"))
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+	tick := time.NewTicker(h.o.Poll)
+	defer tick.Stop()
+	for {
+		stream, err := h.store.Load(r.Context(), id)
+		if err != nil && r.Context().Err() == nil {
+			fmt.Fprintf(w, "event: error\ndata: %s\n\n", jsonString(err.Error()))
+			flusher.Flush()
+			return
+		}
+		for ; seen < len(stream); seen++ {
+			b, _ := json.Marshal(report.Event(stream[seen]))
+			fmt.Fprintf(w, "id: %d\ndata: %s\n\n", seen+1, b)
+			if stream[seen].Kind == events.KindRunFinished {
+				flusher.Flush()
+				return
+			}
+		}
+		flusher.Flush()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// Pages.
+
+type runsPage struct {
+	Runs     []report.Run
+	Statuses []string
+	Reasons  []events.StopReason
+	Filter   report.Filter
+	Query    map[string]string
+}
+
+func (h *handler) runsPage(w http.ResponseWriter, r *http.Request) {
+	runs, f, ok := h.runs(w, r)
+	if !ok {
+		return
+	}
+	reasons := append(events.StopReasons[:len(events.StopReasons):len(events.StopReasons)], events.StopTokenBudget)
+	q := map[string]string{}
+	for _, k := range []string{"status", "stop_reason", "since", "limit"} {
+		q[k] = r.URL.Query().Get(k)
+	}
+	h.render(w, "runs.html", runsPage{Runs: runs, Statuses: report.Statuses, Reasons: reasons, Filter: f, Query: q})
+}
+
+// stepRow is a step of the timeline.
+type stepRow struct {
+	events.StepRecord
+	Tokens   *events.Usage
+	WallPct  int    // the step's wall time as a share of the longest step's
+	EnvError string // the stored cause of an env_error
+}
+
+type runPage struct {
+	RunID      string
+	Run        report.Run
+	Verdict    report.VerdictJSON
+	Steps      []stepRow
+	Events     int
+	Finished   bool
+	InDoubtRow bool // the side effect in doubt belongs to a step not yet completed
+}
+
+func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
+	id, stream, loadErr, ok := h.load(w, r)
+	if !ok {
+		return
+	}
+	log := projections.Fold(stream)
+	v, err := recovery.ClassifyLoaded(id, stream, loadErr)
+	info := seams.RunInfo{RunID: id, Steps: len(log.Steps), Events: len(stream)}
+	if len(stream) > 0 {
+		info.FirstEvent, info.LastEvent = stream[0].Time(), stream[len(stream)-1].Time()
+	}
+	if log.Finished != nil {
+		info.StopReason = log.Finished.Result.StopReason
+	}
+	page := runPage{RunID: id, Run: report.Classify(info, stream, loadErr), Verdict: report.Verdict(id, stream, v, err),
+		Events: len(stream), Finished: log.Finished != nil}
+	causes := map[int]string{}
+	for _, e := range report.EnvErrors(stream) {
+		causes[e.Step] = e.Cause
+	}
+	tokens := report.StepTokens(log)
+	longest := int64(1)
+	for _, s := range log.Trajectory() {
+		longest = max(longest, s.StepWallMs)
+	}
+	for i, s := range log.Trajectory() {
+		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
+			EnvError: causes[s.StepIdx]})
+	}
+	page.InDoubtRow = page.Verdict.InDoubt != nil
+	h.render(w, "run.html", page)
+}
+
+func (h *handler) render(w http.ResponseWriter, name string, data any) {
+	var b strings.Builder
+	if err := h.pages.ExecuteTemplate(&b, name, data); err != nil {
+		http.Error(w, "render: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Write([]byte(b.String()))
+}
+
+func tokensText(u *events.Usage) string {
+	if u == nil {
+		return "-"
+	}
+	var t events.UsageTotals
+	t.Add(u)
+	return strconv.FormatInt(t.Total(), 10)
+}
+
+func deref(p any) string {
+	switch v := p.(type) {
+	case *string:
+		if v != nil {
+			return *v
+		}
+	case *events.ActionStatus:
+		if v != nil {
+			return string(*v)
+		}
+	}
+	return "-"
+}
+
+// plural is "1 step", "2 steps".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}

@@ -1,0 +1,241 @@
+package viewer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+	"github.com/polyloop/polyloop/viewer"
+)
+
+const evil = `<script>alert("pwned")</script><img src=x onerror=alert(1)>`
+
+var reg = func() *seams.Registry {
+	r, err := seams.NewRegistry(
+		seams.Tool{Spec: seams.ToolSpec{Name: "read", ReplayPolicy: events.ReplaySafe},
+			Handler: func(context.Context, map[string]any) (string, error) { return evil, nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "pay"},
+			Handler: func(context.Context, map[string]any) (string, error) { return "paid", nil }},
+		seams.Tool{Spec: seams.ToolSpec{Name: "python"},
+			Handler: func(context.Context, map[string]any) (string, error) {
+				return "", seams.EnvFailure(errors.New("exec: python: not found"))
+			}},
+	)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}()
+
+func runOn(t *testing.T, store seams.RunStore, id string, crashAfter int, turns ...string) {
+	t.Helper()
+	var s seams.RunStore = store
+	if crashAfter >= 0 {
+		s = &proptest.CrashingStore{Inner: store, After: crashAfter}
+	}
+	_, err := engine.Run(context.Background(), engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(turns...)},
+		Parser: seamstest.Parser{}, Store: s}, engine.Request{RunID: id, Tools: reg, Executor: reg.Executor(),
+		ModelReplayPolicy: events.ReplaySafe,
+		Budget:            engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}})
+	if crashAfter < 0 && err != nil || crashAfter >= 0 && !errors.Is(err, proptest.ErrCrashed) {
+		t.Fatalf("%s: %v", id, err)
+	}
+	time.Sleep(2 * time.Millisecond) // the listing is newest first: no two runs start in one millisecond
+}
+
+// fixture: a finished run whose observation is an attack, a run with a
+// never action in doubt, a run stopped by env_error, a corrupt run.
+func fixture(t *testing.T) (*seamstest.MemStore, *httptest.Server) {
+	store := &seamstest.MemStore{}
+	runOn(t, store, "evil", -1, `TOOL read {}`, `FINAL: `+evil)
+	runOn(t, store, "doubt", 4, `TOOL read {}`, `TOOL pay {}`, `FINAL: x`)
+	runOn(t, store, "env", -1, `TOOL python {}`)
+	failure := "x"
+	if _, err := store.Append(context.Background(), "zcorrupt", ulid.ULID{},
+		events.RunStarted{RunID: "zcorrupt", SchemaVersion: events.CurrentSchemaVersion},
+		events.ModelCallResult{RunID: "zcorrupt", ResultID: "orphan", Failure: &failure}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(viewer.New(store, viewer.Options{}))
+	t.Cleanup(srv.Close)
+	return store, srv
+}
+
+func get(t *testing.T, url string) (int, http.Header, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// TestPagesEscapeEverythingARunHolds: a run whose tool output and answer
+// are HTML renders them as text; no script from a run reaches a page, and
+// the policy forbids inline script anyway.
+func TestPagesEscapeEverythingARunHolds(t *testing.T) {
+	_, srv := fixture(t)
+	for _, path := range []string{"/", "/run?id=evil"} {
+		code, hdr, body := get(t, srv.URL+path)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+		if strings.Contains(body, "<script>alert") || strings.Contains(body, "<img src=x") {
+			t.Fatalf("%s renders a run's HTML:\n%s", path, body)
+		}
+		if !strings.Contains(hdr.Get("Content-Security-Policy"), "script-src 'self'") {
+			t.Fatalf("%s: CSP %q", path, hdr.Get("Content-Security-Policy"))
+		}
+	}
+	_, _, body := get(t, srv.URL+"/run?id=evil")
+	if !strings.Contains(body, "&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;") {
+		t.Fatalf("the observation is not shown escaped:\n%s", body)
+	}
+}
+
+// TestTheRunsPage lists runs newest first with their status, and filters.
+func TestTheRunsPage(t *testing.T) {
+	_, srv := fixture(t)
+	_, _, body := get(t, srv.URL+"/")
+	for _, want := range []string{`href="run?id=evil"`, "status-in_doubt", "status-corrupt", ">env_error<", "agent_finished"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("runs page lacks %q", want)
+		}
+	}
+	if strings.Index(body, "run?id=zcorrupt") > strings.Index(body, "run?id=evil") {
+		t.Error("runs are not newest first")
+	}
+	_, _, body = get(t, srv.URL+"/?status=in_doubt")
+	if !strings.Contains(body, "run?id=doubt") || strings.Contains(body, "run?id=evil") {
+		t.Errorf("status filter:\n%s", body)
+	}
+	if code, _, _ := get(t, srv.URL+"/?status=bogus"); code != 400 {
+		t.Errorf("a bad filter: %d", code)
+	}
+}
+
+// TestTheRunPage shows the timeline, the verdict, the side effect in doubt
+// with what Resume would do, and env_error causes.
+func TestTheRunPage(t *testing.T) {
+	_, srv := fixture(t)
+	_, _, body := get(t, srv.URL+"/run?id=doubt")
+	for _, want := range []string{`id="in-doubt"`, "tool pay", "replay policy never", "finish with resume_state_unknown",
+		`data-follow="api/follow?run=doubt&amp;after=`, "<progress"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("run page lacks %q:\n%s", want, body)
+		}
+	}
+	_, _, body = get(t, srv.URL+"/run?id=env")
+	if !strings.Contains(body, "exec: python: not found") || strings.Contains(body, "data-follow") {
+		t.Errorf("env run page:\n%s", body)
+	}
+	_, _, body = get(t, srv.URL+"/run?id=zcorrupt")
+	if !strings.Contains(body, "corrupt: Resume would refuse") || !strings.Contains(body, "without a model intent") {
+		t.Errorf("corrupt run page:\n%s", body)
+	}
+	if code, _, _ := get(t, srv.URL+"/run?id=nope"); code != 404 {
+		t.Errorf("unknown run: %d", code)
+	}
+	if code, _, _ := get(t, srv.URL+"/run"); code != 400 {
+		t.Errorf("no run id: %d", code)
+	}
+}
+
+// TestTheJSONEndpointsSpeakTheInspectorsNames: the shapes of
+// polyloop-inspect --json.
+func TestTheJSONEndpointsSpeakTheInspectorsNames(t *testing.T) {
+	_, srv := fixture(t)
+	var runs []report.RunJSON
+	decode(t, srv.URL+"/api/runs?stop_reason=agent_finished", &runs)
+	if len(runs) != 1 || runs[0].RunID != "evil" || runs[0].FinalAnswer == nil || *runs[0].FinalAnswer != evil {
+		t.Fatalf("runs: %+v", runs)
+	}
+	var evs []map[string]any
+	decode(t, srv.URL+"/api/events?run=evil", &evs)
+	if len(evs) == 0 || evs[0]["kind"] != "run_started" || evs[0]["id"] == nil || evs[0]["payload"] == nil {
+		t.Fatalf("events: %v", evs)
+	}
+	var steps []map[string]any
+	decode(t, srv.URL+"/api/steps?run=evil", &steps)
+	if len(steps) != 2 || len(steps[0]) != 18 {
+		t.Fatalf("steps: %d rows, %d keys", len(steps), len(steps[0]))
+	}
+	var v report.VerdictJSON
+	decode(t, srv.URL+"/api/verify?run=doubt", &v)
+	if v.Verdict != "resumable" || v.InDoubt == nil || v.InDoubt.ReplayPolicy != events.ReplayNever {
+		t.Fatalf("verify: %+v", v)
+	}
+	_, _, raw := get(t, srv.URL+"/api/events?run=evil")
+	if strings.Contains(raw, "<script>") {
+		t.Fatal("JSON carries raw HTML")
+	}
+}
+
+func decode(t *testing.T, url string, v any) {
+	t.Helper()
+	code, hdr, body := get(t, url)
+	if code != 200 || hdr.Get("Content-Type") != "application/json" {
+		t.Fatalf("%s: %d %s", url, code, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+}
+
+// TestTheViewerOnlyReads: any method but GET and HEAD is refused, and the
+// store is never written.
+func TestTheViewerOnlyReads(t *testing.T) {
+	store, srv := fixture(t)
+	before := store.Transactions()
+	for _, m := range []string{"POST", "PUT", "DELETE", "PATCH"} {
+		req, _ := http.NewRequest(m, srv.URL+"/api/runs", strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 405 {
+			t.Errorf("%s: %d", m, resp.StatusCode)
+		}
+	}
+	get(t, srv.URL+"/")
+	get(t, srv.URL+"/run?id=doubt")
+	if store.Transactions() != before {
+		t.Fatal("the viewer wrote")
+	}
+	if code, _, body := get(t, srv.URL+"/static/live.js"); code != 200 || !strings.Contains(body, "EventSource") {
+		t.Fatalf("live.js: %d", code)
+	}
+}
+
+// TestFollowStreamsNewEvents: the follow endpoint sends a finished run's
+// events after ?after= and ends with run_finished.
+func TestFollowStreamsNewEvents(t *testing.T) {
+	_, srv := fixture(t)
+	code, hdr, body := get(t, srv.URL+"/api/follow?run=evil&after=2")
+	if code != 200 || hdr.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("%d %q", code, hdr.Get("Content-Type"))
+	}
+	if strings.Count(body, "data: ") < 2 || !strings.Contains(body, "id: 3\n") || !strings.Contains(body, `"kind":"run_finished"`) {
+		t.Fatalf("stream:\n%s", body)
+	}
+	if strings.Contains(body, "id: 1\n") {
+		t.Fatal("events before ?after= were sent")
+	}
+}
