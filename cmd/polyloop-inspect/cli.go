@@ -32,11 +32,12 @@ STORE is a bbolt file or a postgres:// URL (read in read-only transactions,
 while agents write; ?polyloop_schema=NAME picks the schema).
 
 Usage:
-  polyloop-inspect runs [--json] [filters] STORE   list runs, newest first
-  polyloop-inspect events [--json] STORE RUN       every event of a run
-  polyloop-inspect steps [--json] STORE RUN        a run's trajectory (StepRecord per step)
-  polyloop-inspect verify [--json] STORE [RUN]     recovery's verdict for one or all runs
-  polyloop-inspect export [--run RUN]... STORE     the steps of many runs as one JSON Lines table
+  polyloop-inspect runs [--json] [filters] STORE          list runs, newest first
+  polyloop-inspect events [--json] [--follow] STORE RUN   every event of a run
+  polyloop-inspect steps [--json] STORE RUN               a run's trajectory (StepRecord per step)
+  polyloop-inspect verify [--json] STORE [RUN]            recovery's verdict for one or all runs
+  polyloop-inspect export [--run RUN]... STORE            the steps of many runs as one JSON Lines table
+  polyloop-inspect serve [--addr ADDR] STORE              the run viewer in a browser (read-only)
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
 Output goes to standard output, errors to standard error.
@@ -61,6 +62,8 @@ type call struct {
 	json           bool
 	filter         runFilter // runs
 	runs           multiFlag // export --run
+	follow         bool      // events --follow
+	addr           string    // serve --addr
 }
 
 // fail reports a problem on standard error and returns exitProblem.
@@ -95,10 +98,14 @@ Filters:
   --limit N         at most N runs (the newest)
 Exits 1 when a listed run is corrupt.
 `},
-	{name: "events", min: 2, max: 2, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] STORE RUN
+	{name: "events", min: 2, max: 2, flags: eventsFlags, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] [--follow] STORE RUN
 
 Prints every event of RUN: ULID, time, kind and a one-line summary. With
 --json, one JSON object per line: id, time, kind, schema_version, payload.
+With --follow, keeps printing events as they become durable until the run
+finishes (or Ctrl-C); it waits for a run that has not started. A
+PostgreSQL store is followed while agents write; a bbolt file only while
+no other process holds it (mount the viewer in the agent's process).
 `},
 	{name: "steps", min: 2, max: 2, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
@@ -118,6 +125,14 @@ runs last; exits 1 when any run is corrupt or RUN is not in the store. With
 --json, one JSON object per run: run_id, verdict (finished, resumable,
 corrupt), state, step, plan, plan_text, in_doubt, problems, stop_reason,
 final_answer, env_errors.
+`},
+	{name: "serve", min: 1, max: 1, flags: serveFlags, run: serveCommand, help: `Usage: polyloop-inspect serve [--addr 127.0.0.1:8080] STORE
+
+Serves the run viewer over STORE until Ctrl-C: the runs page, a page per
+run with its step timeline, and JSON endpoints with the names --json
+prints (see package viewer). It listens on the loopback interface unless
+--addr says otherwise, and only reads. A bbolt file stays held while it is
+served; a PostgreSQL store is read live while agents write.
 `},
 	{name: "export", min: 1, max: 1, flags: exportFlags, run: exportCommand, help: `Usage: polyloop-inspect export [--run RUN]... STORE
 
@@ -151,7 +166,7 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 	c := &call{stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	if cmd.name != "export" {
+	if cmd.name != "export" && cmd.name != "serve" {
 		fs.BoolVar(&c.json, "json", false, "print JSON")
 	}
 	if cmd.flags != nil {

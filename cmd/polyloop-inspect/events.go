@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"text/tabwriter"
 
@@ -9,12 +10,29 @@ import (
 	"github.com/polyloop/polyloop/report"
 )
 
+func eventsFlags(fs *flag.FlagSet, c *call) {
+	fs.BoolVar(&c.follow, "follow", false, "keep printing new events until the run finishes")
+}
+
 func eventsCommand(c *call) int {
+	w := c.stdout
+	if c.follow {
+		ctx, stop := serveCtx()
+		defer stop()
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		return c.followRun(ctx, c.args[1], func(env events.Envelope) {
+			if c.json {
+				enc.Encode(report.Event(env))
+				return
+			}
+			fmt.Fprintf(w, "%s  %s  %-17s  %s\n", env.ID, stamp(env.Time()), env.Kind, summary(env.Event))
+		})
+	}
 	stream, ok := c.loadRun(c.args[0], c.args[1])
 	if !ok {
 		return exitProblem
 	}
-	w := c.stdout
 	if c.json {
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)

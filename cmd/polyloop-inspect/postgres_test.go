@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
@@ -119,4 +124,78 @@ func (m *pausingModel) Call(ctx context.Context, call seams.ModelCall) (events.M
 		<-m.release
 	}
 	return m.Model.Call(ctx, call)
+}
+
+// TestFollowAndServeWhileAnAgentWrites: events --follow prints a running
+// run's events as they become durable and ends with run_finished; serve
+// answers the viewer's pages for the same store meanwhile.
+func TestFollowAndServeWhileAnAgentWrites(t *testing.T) {
+	url, store := pgURL(t)
+	model := &pausingModel{Model: &seamstest.Model{Turns: seamstest.Replies(`TOOL count {}`, `FINAL: done`)},
+		at: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	reg, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
+		Handler: func(context.Context, map[string]any) (string, error) { return "3", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := engine.Run(context.Background(), engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store},
+			engine.Request{RunID: "live", Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
+				Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 10_000}})
+		done <- err
+	}()
+	<-model.entered
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	old := serveCtx
+	serveCtx = func() (context.Context, context.CancelFunc) { return ctx, func() {} }
+	defer func() { serveCtx = old }()
+
+	followed := make(chan string, 1)
+	go func() {
+		var out, errOut strings.Builder
+		code := run([]string{"events", "--follow", url, "live"}, &out, &errOut)
+		followed <- fmt.Sprintf("exit %d\n%s%s", code, out.String(), errOut.String())
+	}()
+	served := make(chan int, 1)
+	pr, pw := io.Pipe()
+	go func() {
+		var errOut strings.Builder
+		served <- run([]string{"serve", "--addr", "127.0.0.1:0", url}, pw, &errOut)
+		pw.Close()
+	}()
+	line, _ := bufio.NewReader(pr).ReadString('\n')
+	go io.Copy(io.Discard, pr)
+	addr := regexp.MustCompile(`http://[^/]+/`).FindString(line)
+	if addr == "" {
+		t.Fatalf("serve said %q", line)
+	}
+	resp, err := http.Get(addr + "run?id=live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(page), `data-follow=`) {
+		t.Fatalf("run page of a live run: %d\n%s", resp.StatusCode, page)
+	}
+
+	close(model.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case out := <-followed:
+		if !strings.HasPrefix(out, "exit 0") || !strings.Contains(out, "run_finished") || strings.Count(out, "\n") < 8 {
+			t.Fatalf("follow:\n%s", out)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("events --follow did not end with the run")
+	}
+	cancel()
+	if code := <-served; code != exitOK {
+		t.Fatalf("serve exited %d", code)
+	}
 }
