@@ -12,10 +12,13 @@ build:
 	$(GO) build $(PKGS)
 
 # The test command the README gives: race detector on, benchmarks off.
-# The PostgreSQL tests need initdb (or POLYLOOP_PG_DSN); without, they skip.
+# The PostgreSQL tests need initdb (or POLYLOOP_PG_DSN) and the viewer's
+# end-to-end test Chromium; without, they skip, saying so in one line.
 test:
 	@if [ -z "$$POLYLOOP_PG_DSN" ] && ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		echo "PostgreSQL tests skip: no initdb found; install PostgreSQL (apt-get install postgresql) or set POLYLOOP_PG_DSN to run them"; fi
+	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null && ! command -v google-chrome >/dev/null; then \
+		echo "The viewer's browser test skips: no Chromium; apt-get install chromium to run it"; fi
 	$(GO) test -race -count=1 $(PKGS)
 
 # gofmt over every Go file of the tree (no git needed: a ZIP download works
@@ -42,7 +45,7 @@ damage:
 # Results: mutation-<pkg>.json and the console; see MUTATION.md.
 GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
 MUTATE   ?= engine events recovery kv seams
-TOPDIRS  := cmd engine events examples kv openai pgstore projections proptest recovery seams stores
+TOPDIRS  := cmd engine events examples kv openai otelsink parsers pgstore projections proptest recovery report seams stores viewer
 mutate:
 	@for p in $(MUTATE); do \
 		ex=""; for d in $(TOPDIRS); do [ "$$d" = "$$p" ] || ex="$$ex -E ^$$d/"; done; \
