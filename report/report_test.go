@@ -1,0 +1,107 @@
+package report_test
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// TestFilterRules: one row per rule of a listing filter.
+func TestFilterRules(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	run := func(id, status string, reason events.StopReason, started time.Time) report.Run {
+		return report.Run{Info: seams.RunInfo{RunID: id, StopReason: reason, FirstEvent: started}, Status: status}
+	}
+	runs := []report.Run{ // newest first, as List returns them
+		run("d", report.Corrupt, "", t0.Add(3*time.Hour)),
+		run("c", report.InDoubt, "", t0.Add(2*time.Hour)),
+		run("b", report.Finished, events.StopTaskCompleted, t0.Add(time.Hour)),
+		run("a", report.Finished, events.StopStepBudget, t0),
+	}
+	ids := func(rs []report.Run) string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.Info.RunID)
+		}
+		return strings.Join(out, ",")
+	}
+	cases := []struct {
+		name string
+		f    report.Filter
+		want string
+	}{
+		{"the zero filter keeps all", report.Filter{}, "d,c,b,a"},
+		{"any of several statuses", report.Filter{Status: []string{report.InDoubt, report.Corrupt}}, "d,c"},
+		{"a stop reason", report.Filter{StopReason: []string{"step_budget"}}, "a"},
+		{"since is inclusive", report.Filter{Since: t0.Add(time.Hour)}, "d,c,b"},
+		{"limit keeps the newest", report.Filter{Limit: 2}, "d,c"},
+		{"limit counts kept runs only", report.Filter{Status: []string{report.Finished}, Limit: 1}, "b"},
+	}
+	for _, c := range cases {
+		if got := ids(c.f.Apply(runs)); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+	for _, bad := range []report.Filter{{Status: []string{"done"}}, {StopReason: []string{"tired"}}, {Limit: -1}} {
+		if bad.Check() == nil {
+			t.Errorf("%+v passed Check", bad)
+		}
+	}
+	if (report.Filter{Status: report.Statuses, StopReason: []string{"token_budget"}, Limit: 3}).Check() != nil {
+		t.Error("a valid filter failed Check")
+	}
+}
+
+func TestParseSince(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{"24h": now.Add(-24 * time.Hour), "90m": now.Add(-90 * time.Minute),
+		"2026-11-29T08:00:00Z": time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)} {
+		if got, err := report.ParseSince(in, now); err != nil || !got.Equal(want) {
+			t.Errorf("%s: %v %v", in, got, err)
+		}
+	}
+	if _, err := report.ParseSince("yesterday", now); err == nil {
+		t.Error("yesterday parsed")
+	}
+}
+
+// TestListClassifiesNewestFirst: List reads every run through the reader,
+// newest first, with the status recovery's verdict gives.
+func TestListClassifiesNewestFirst(t *testing.T) {
+	store := &seamstest.MemStore{}
+	ctx := context.Background()
+	sound := proptest.SoundStream("sound")
+	prev := ulid.ULID{}
+	for _, ev := range sound {
+		envs, err := store.Append(ctx, "sound", prev, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prev = envs[0].ID
+	}
+	time.Sleep(2 * time.Millisecond)
+	if _, err := store.Append(ctx, "started", ulid.ULID{}, events.RunStarted{RunID: "started", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := report.List(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{runs[0].Info.RunID + ":" + runs[0].Status, runs[1].Info.RunID + ":" + runs[1].Status}
+	if want := []string{"started:running", "sound:finished"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("%v, want %v", got, want)
+	}
+	if j := runs[1].JSON(); j.StopReason == nil || j.Started == nil || j.Events != len(sound) {
+		t.Fatalf("json %+v", j)
+	}
+}
