@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/viewer"
 )
@@ -36,23 +34,6 @@ func browser(t *testing.T) string {
 	return ""
 }
 
-// gate holds the model's at-th call until opened.
-type gate struct {
-	*seamstest.Model
-	at      int32
-	n       atomic.Int32
-	entered chan struct{}
-	open    chan struct{}
-}
-
-func (g *gate) Call(ctx context.Context, c seams.ModelCall) (events.ModelReply, error) {
-	if g.n.Add(1) == g.at {
-		close(g.entered)
-		<-g.open
-	}
-	return g.Model.Call(ctx, c)
-}
-
 // TestInABrowserANewStepAppears: a real headless Chromium opens a running
 // run's page; when the agent completes another step, the page shows it
 // without anyone reloading it.
@@ -64,8 +45,7 @@ func TestInABrowserANewStepAppears(t *testing.T) {
 	store := &seamstest.MemStore{}
 	srv := httptest.NewServer(viewer.New(store, viewer.Options{Poll: 50 * time.Millisecond}))
 	defer srv.Close()
-	model := &gate{Model: &seamstest.Model{Turns: seamstest.Replies(`TOOL read {}`, `TOOL read {}`, `FINAL: done`)},
-		at: 2, entered: make(chan struct{}), open: make(chan struct{})}
+	model := seamstest.NewPausingModel(&seamstest.Model{Turns: seamstest.Replies(`TOOL read {}`, `TOOL read {}`, `FINAL: done`)}, 2)
 	done := make(chan error, 1)
 	go func() {
 		_, err := engine.Run(context.Background(), engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store},
@@ -73,7 +53,7 @@ func TestInABrowserANewStepAppears(t *testing.T) {
 				Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}})
 		done <- err
 	}()
-	<-model.entered // step 0 is durable; the run waits in its second model call
+	<-model.Entered // step 0 is durable; the run waits in its second model call
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
 		chromedp.Flag("disable-dev-shm-usage", true))
@@ -99,7 +79,7 @@ func TestInABrowserANewStepAppears(t *testing.T) {
 	if n := steps(); n != 1 {
 		t.Fatalf("the page shows %d steps before the agent goes on, want 1", n)
 	}
-	close(model.open) // the agent completes step 1 (and finishes)
+	close(model.Release) // the agent completes step 1 (and finishes)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,8 +66,7 @@ func readCases(target string) [][]string {
 // held by its writer).
 func TestPostgresIsInspectedWhileAnAgentWrites(t *testing.T) {
 	url, store := pgURL(t)
-	model := &pausingModel{Model: &seamstest.Model{Turns: seamstest.Replies(`TOOL count {}`, `FINAL: done`)},
-		at: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	model := seamstest.NewPausingModel(&seamstest.Model{Turns: seamstest.Replies(`TOOL count {}`, `FINAL: done`)}, 2)
 	def := engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store}
 	reg, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
 		Handler: func(context.Context, map[string]any) (string, error) { return "3", nil }})
@@ -82,7 +80,7 @@ func TestPostgresIsInspectedWhileAnAgentWrites(t *testing.T) {
 		done <- err
 	}()
 	select {
-	case <-model.entered:
+	case <-model.Entered:
 	case err := <-done:
 		t.Fatalf("the run ended before its second model call: %v", err)
 	}
@@ -101,7 +99,7 @@ func TestPostgresIsInspectedWhileAnAgentWrites(t *testing.T) {
 	if got := inspect("verify", url, "live"); !strings.Contains(got, "model_call_unknown") {
 		t.Fatalf("verify during the run:\n%s", got)
 	}
-	close(model.release)
+	close(model.Release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -110,29 +108,12 @@ func TestPostgresIsInspectedWhileAnAgentWrites(t *testing.T) {
 	}
 }
 
-// pausingModel holds its at-th call until release is closed.
-type pausingModel struct {
-	*seamstest.Model
-	at               int32
-	n                atomic.Int32
-	entered, release chan struct{}
-}
-
-func (m *pausingModel) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
-	if m.n.Add(1) == m.at {
-		close(m.entered)
-		<-m.release
-	}
-	return m.Model.Call(ctx, call)
-}
-
 // TestFollowAndServeWhileAnAgentWrites: events --follow prints a running
 // run's events as they become durable and ends with run_finished; serve
 // answers the viewer's pages for the same store meanwhile.
 func TestFollowAndServeWhileAnAgentWrites(t *testing.T) {
 	url, store := pgURL(t)
-	model := &pausingModel{Model: &seamstest.Model{Turns: seamstest.Replies(`TOOL count {}`, `FINAL: done`)},
-		at: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	model := seamstest.NewPausingModel(&seamstest.Model{Turns: seamstest.Replies(`TOOL count {}`, `FINAL: done`)}, 2)
 	reg, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
 		Handler: func(context.Context, map[string]any) (string, error) { return "3", nil }})
 	if err != nil {
@@ -145,7 +126,7 @@ func TestFollowAndServeWhileAnAgentWrites(t *testing.T) {
 				Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 10_000}})
 		done <- err
 	}()
-	<-model.entered
+	<-model.Entered
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -182,7 +163,7 @@ func TestFollowAndServeWhileAnAgentWrites(t *testing.T) {
 		t.Fatalf("run page of a live run: %d\n%s", resp.StatusCode, page)
 	}
 
-	close(model.release)
+	close(model.Release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

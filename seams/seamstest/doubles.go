@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
@@ -187,3 +188,32 @@ func (s *Sink) Envelopes() []events.Envelope {
 
 // Parameters implements seams.EventSink.
 func (s *Sink) Parameters() map[string]string { return map[string]string{"kind": "recording"} }
+
+// PausingModel holds its At-th call (counting from 1) until Release is
+// closed, closing Entered when the call arrives: a test can act while a
+// run waits in a model call. Make it with NewPausingModel.
+type PausingModel struct {
+	seams.ModelClient
+	At       int32
+	Entered  chan struct{}
+	Release  chan struct{}
+	received atomic.Int32
+}
+
+// NewPausingModel wraps inner, pausing its at-th call.
+func NewPausingModel(inner seams.ModelClient, at int32) *PausingModel {
+	return &PausingModel{ModelClient: inner, At: at, Entered: make(chan struct{}), Release: make(chan struct{})}
+}
+
+// Call implements seams.ModelClient.
+func (m *PausingModel) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
+	if m.received.Add(1) == m.At {
+		close(m.Entered)
+		select {
+		case <-m.Release:
+		case <-ctx.Done():
+			return events.ModelReply{}, ctx.Err()
+		}
+	}
+	return m.ModelClient.Call(ctx, call)
+}
