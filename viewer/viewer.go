@@ -42,6 +42,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -234,7 +235,23 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "which run? (?run=ID)", http.StatusBadRequest)
 		return
 	}
-	seen, _ := strconv.Atoi(r.URL.Query().Get("after"))
+	seen := 0
+	if a := r.URL.Query().Get("after"); a != "" {
+		n, err := strconv.Atoi(a)
+		if err != nil || n < 0 {
+			http.Error(w, fmt.Sprintf("after %q: want a count of events already seen (0 or more)", clip(a, 40)), http.StatusBadRequest)
+			return
+		}
+		seen = n
+	}
+	if stream, err := h.store.Load(r.Context(), id); err == nil && len(stream) == 0 {
+		http.Error(w, fmt.Sprintf("no run %q", clip(id, 80)), http.StatusNotFound)
+		return
+	}
+	if r.Method == http.MethodHead {
+		w.Header().Set("Content-Type", "text/event-stream")
+		return
+	}
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -308,6 +325,7 @@ type stepRow struct {
 
 type runPage struct {
 	RunID      string
+	FollowURL  string // the follow endpoint from this page's events on
 	Run        report.Run
 	Verdict    report.VerdictJSON
 	Steps      []stepRow
@@ -331,7 +349,8 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		info.StopReason = log.Finished.Result.StopReason
 	}
 	page := runPage{RunID: id, Run: report.Classify(info, stream, loadErr), Verdict: report.Verdict(id, stream, v, err),
-		Events: len(stream), Finished: log.Finished != nil}
+		Events: len(stream), Finished: log.Finished != nil,
+		FollowURL: "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}}.Encode()}
 	causes := map[int]string{}
 	for _, e := range report.EnvErrors(stream) {
 		causes[e.Step] = e.Cause

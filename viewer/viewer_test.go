@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -136,7 +139,7 @@ func TestTheRunPage(t *testing.T) {
 	_, srv := fixture(t)
 	_, _, body := get(t, srv.URL+"/run?id=doubt")
 	for _, want := range []string{`id="in-doubt"`, "tool pay", "replay policy never", "finish with resume_state_unknown",
-		`data-follow="api/follow?run=doubt&amp;after=`, "<progress"} {
+		`data-follow="api/follow?after=`, "&amp;run=doubt", "<progress"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("run page lacks %q:\n%s", want, body)
 		}
@@ -237,5 +240,37 @@ func TestFollowStreamsNewEvents(t *testing.T) {
 	}
 	if strings.Contains(body, "id: 1\n") {
 		t.Fatal("events before ?after= were sent")
+	}
+}
+
+// TestOddRunIDsAreFollowedToo: the page of a run whose id holds URL
+// syntax follows that run, and the follow endpoint refuses a bad after.
+func TestOddRunIDsAreFollowedToo(t *testing.T) {
+	store, srv := fixture(t)
+	const odd = "a+b&run=c#d%"
+	if _, err := store.Append(context.Background(), odd, ulid.ULID{}, events.RunStarted{RunID: odd, SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, runs := get(t, srv.URL+"/")
+	link := regexp.MustCompile(`href="(run\?id=a[^"]*)"`).FindStringSubmatch(runs)
+	if link == nil {
+		t.Fatalf("no link to the odd run:\n%s", runs)
+	}
+	_, _, page := get(t, srv.URL+"/"+html.UnescapeString(link[1]))
+	follow := regexp.MustCompile(`data-follow="([^"]*)"`).FindStringSubmatch(page)
+	if follow == nil {
+		t.Fatalf("the odd run's page does not follow:\n%s", page)
+	}
+	u, err := url.Parse(html.UnescapeString(follow[1]))
+	if err != nil || u.Query().Get("run") != odd || u.Query().Get("after") != "1" {
+		t.Fatalf("follow URL %q names run %q", follow[1], u.Query().Get("run"))
+	}
+	for _, bad := range []string{"-1", "x"} {
+		if code, _, _ := get(t, srv.URL+"/api/follow?run=evil&after="+bad); code != 400 {
+			t.Errorf("after=%s: %d", bad, code)
+		}
+	}
+	if code, _, _ := get(t, srv.URL+"/api/follow?run=nope"); code != 404 {
+		t.Errorf("follow of an unknown run: %d", code)
 	}
 }

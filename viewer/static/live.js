@@ -6,4 +6,5 @@
   if (!url || !window.EventSource) { return; }
   var source = new EventSource(url);
   source.onmessage = function () { source.close(); window.location.reload(); };
+  source.addEventListener("error", function () { source.close(); }); // the server gave up: no reconnect loop
 })();
