@@ -38,6 +38,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,7 +110,10 @@ type Sink struct {
 	queue   chan item
 	done    chan struct{}
 	dropped atomic.Int64
-	once    sync.Once
+	// mu guards closed against the close of queue: Emit and ForceFlush
+	// send under the read lock, Shutdown closes under the write lock.
+	mu     sync.RWMutex
+	closed bool
 
 	// runs is what the worker knows of each run in progress.
 	runs map[string]*runState
@@ -152,13 +156,13 @@ func New(exporter sdktrace.SpanExporter, o Options) *Sink {
 }
 
 // Emit implements seams.EventSink: it queues env and returns at once.
-func (s *Sink) Emit(_ context.Context, env events.Envelope) (err error) {
-	defer func() {
-		if recover() != nil { // the queue was closed by Shutdown
-			s.dropped.Add(1)
-			err = ErrDropped
-		}
-	}()
+func (s *Sink) Emit(_ context.Context, env events.Envelope) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		s.dropped.Add(1)
+		return ErrDropped
+	}
 	select {
 	case s.queue <- item{env: env}:
 		return nil
@@ -172,21 +176,24 @@ func (s *Sink) Emit(_ context.Context, env events.Envelope) (err error) {
 // behaves, so a run traced or not resumes either way.
 func (s *Sink) Parameters() map[string]string { return nil }
 
-// Dropped is the number of events dropped because the queue was full.
+// Dropped is the number of events dropped: the queue was full, or the
+// sink was shut down.
 func (s *Sink) Dropped() int64 { return s.dropped.Load() }
 
 // ForceFlush turns every event queued so far into spans and exports them.
 // Unlike Emit it waits (for the queue, then the exporter), up to ctx.
-func (s *Sink) ForceFlush(ctx context.Context) (err error) {
+func (s *Sink) ForceFlush(ctx context.Context) error {
 	done := make(chan struct{})
-	defer func() {
-		if recover() != nil { // shut down: nothing is queued any more
-			err = s.tp.ForceFlush(ctx)
-		}
-	}()
+	s.mu.RLock()
+	if s.closed { // shut down: nothing is queued any more
+		s.mu.RUnlock()
+		return s.tp.ForceFlush(ctx)
+	}
 	select {
 	case s.queue <- item{flushed: done}:
+		s.mu.RUnlock()
 	case <-ctx.Done():
+		s.mu.RUnlock()
 		return ctx.Err()
 	}
 	select {
@@ -200,7 +207,12 @@ func (s *Sink) ForceFlush(ctx context.Context) (err error) {
 // Shutdown stops accepting events, turns the queued ones into spans, and
 // flushes and shuts down the exporter.
 func (s *Sink) Shutdown(ctx context.Context) error {
-	s.once.Do(func() { close(s.queue) })
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.queue)
+	}
+	s.mu.Unlock()
 	select {
 	case <-s.done:
 	case <-ctx.Done():
@@ -258,8 +270,11 @@ func (s *Sink) child(runID, resultID, name string, start time.Time, attrs ...att
 		TraceFlags: trace.FlagsSampled, Remote: true})
 	ctx := trace.ContextWithSpanContext(context.Background(), parent)
 	ctx = context.WithValue(ctx, wantKey{}, want{trace: traceID(runID), span: spanID(runID, resultID)})
-	_, span := s.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrs...))
+	kind := trace.SpanKindInternal // execute_tool: the tool runs in this process
+	if strings.HasPrefix(name, opChat) {
+		kind = trace.SpanKindClient // a call to the model's provider
+	}
+	_, span := s.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 	return span
 }
 

@@ -3,6 +3,7 @@ package otelsink_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -262,5 +263,30 @@ func TestTheSinkNeverBlocks(t *testing.T) {
 	}
 	if dropped < 100-5 || sink.Dropped() != int64(dropped) {
 		t.Fatalf("%d dropped, sink counted %d", dropped, sink.Dropped())
+	}
+}
+
+// TestShutdownWhileRunsEmit: a service shutting its sink down while runs
+// still emit loses those events (counted), without a race or a panic.
+func TestShutdownWhileRunsEmit(t *testing.T) {
+	sink := otelsink.New(tracetest.NewInMemoryExporter(), otelsink.Options{QueueSize: 8})
+	env := events.Envelope{Event: events.RunStarted{RunID: "r"}}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 200 {
+				sink.Emit(context.Background(), env)
+			}
+		})
+	}
+	if err := sink.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if err := sink.Emit(context.Background(), env); !errors.Is(err, otelsink.ErrDropped) {
+		t.Fatalf("emit after shutdown: %v", err)
+	}
+	if err := sink.ForceFlush(context.Background()); err != nil {
+		t.Fatalf("flush after shutdown: %v", err)
 	}
 }
