@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -405,5 +406,11 @@ func TestUsageTotalsKeepUnreportedApart(t *testing.T) {
 	want := events.UsageTotals{InputTokens: 150, OutputTokens: 20, CachedInputTokens: 64, ReasoningTokens: 7, Calls: 3, CallsWithoutUsage: 1}
 	if tot != want || tot.Total() != 170 {
 		t.Fatalf("totals %+v (total %d), want %+v", tot, tot.Total(), want)
+	}
+	// A provider's absurd count saturates; it never wraps a total negative
+	// (which would slip under any token budget).
+	tot.Add(&events.Usage{InputTokens: n(math.MaxInt64), OutputTokens: n(5)})
+	if tot.InputTokens != math.MaxInt64 || tot.Total() != math.MaxInt64 {
+		t.Fatalf("saturated totals %+v, total %d", tot, tot.Total())
 	}
 }

@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"math"
 	"unicode/utf8"
 )
 
@@ -98,13 +99,23 @@ func (t *UsageTotals) Add(u *Usage) {
 	}{{&t.InputTokens, u.InputTokens}, {&t.OutputTokens, u.OutputTokens},
 		{&t.CachedInputTokens, u.CachedInputTokens}, {&t.ReasoningTokens, u.ReasoningTokens}} {
 		if c.n != nil {
-			*c.sum += *c.n
+			*c.sum = saturated(*c.sum, *c.n)
 		}
 	}
 }
 
 // Total is input plus output tokens: what Budget.MaxTotalTokens bounds.
-func (t UsageTotals) Total() int64 { return t.InputTokens + t.OutputTokens }
+// Sums saturate at the largest int64, so an absurd count reported by a
+// provider cannot wrap a total negative and slip under a budget.
+func (t UsageTotals) Total() int64 { return saturated(t.InputTokens, t.OutputTokens) }
+
+// saturated is a+b for non-negative counts, at most math.MaxInt64.
+func saturated(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
 
 // String is the totals for people: "1240 tokens (1000 in, 240 out, 800
 // cached, 100 reasoning) over 5 calls", noting calls that reported none.

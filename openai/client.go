@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -133,42 +134,52 @@ type wireResponse struct {
 			Reasoning        string  `json:"reasoning"`
 		} `json:"message"`
 	} `json:"choices"`
-	Usage *wireUsage `json:"usage"`
-	Error *wireError `json:"error"`
+	Usage json.RawMessage `json:"usage"` // decoded leniently: a bad usage never fails the call
+	Error *wireError      `json:"error"`
 }
 
-// wireUsage is the response's usage; a count the server leaves out stays
-// nil (absent, not zero).
+// wireUsage is the response's usage. Counts are read as JSON numbers of
+// any form (some servers send 12.0); a count the server leaves out, or one
+// that is not a whole non-negative number, stays nil (absent, not zero).
 type wireUsage struct {
-	PromptTokens        *int64 `json:"prompt_tokens"`
-	CompletionTokens    *int64 `json:"completion_tokens"`
+	PromptTokens        *float64 `json:"prompt_tokens"`
+	CompletionTokens    *float64 `json:"completion_tokens"`
 	PromptTokensDetails *struct {
-		CachedTokens *int64 `json:"cached_tokens"`
+		CachedTokens *float64 `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
 	CompletionTokensDetails *struct {
-		ReasoningTokens *int64 `json:"reasoning_tokens"`
+		ReasoningTokens *float64 `json:"reasoning_tokens"`
 	} `json:"completion_tokens_details"`
 }
 
-// usage is the reply's usage, nil when the response reports none.
-func (w *wireUsage) usage() *events.Usage {
-	if w == nil {
+// usage is the reply's usage from the response's raw usage field, nil when
+// it reports none or does not decode: usage is metadata, and a malformed
+// one must not fail a call that did return a reply.
+func usage(raw json.RawMessage) *events.Usage {
+	var w wireUsage
+	if len(raw) == 0 || json.Unmarshal(raw, &w) != nil {
 		return nil
 	}
-	u := &events.Usage{InputTokens: w.PromptTokens, OutputTokens: w.CompletionTokens}
+	u := &events.Usage{InputTokens: count(w.PromptTokens), OutputTokens: count(w.CompletionTokens)}
 	if d := w.PromptTokensDetails; d != nil {
-		u.CachedInputTokens = d.CachedTokens
+		u.CachedInputTokens = count(d.CachedTokens)
 	}
 	if d := w.CompletionTokensDetails; d != nil {
-		u.ReasoningTokens = d.ReasoningTokens
+		u.ReasoningTokens = count(d.ReasoningTokens)
 	}
 	if *u == (events.Usage{}) {
 		return nil
 	}
-	if u.Validate() != nil {
-		return nil // a server's negative count is no count
-	}
 	return u
+}
+
+// count is a whole, non-negative token count, or nil.
+func count(f *float64) *int64 {
+	if f == nil || *f < 0 || *f != math.Trunc(*f) || *f > 1<<53 {
+		return nil
+	}
+	n := int64(*f)
+	return &n
 }
 
 type wireError struct {
@@ -244,7 +255,7 @@ func (c *Client) Call(ctx context.Context, call seams.ModelCall) (events.ModelRe
 		return events.ModelReply{}, errors.New("openai: response has no choices")
 	}
 	m := wr.Choices[0].Message
-	reply := events.ModelReply{CallID: wr.ID, Thinking: m.ReasoningContent, Usage: wr.Usage.usage()}
+	reply := events.ModelReply{CallID: wr.ID, Thinking: m.ReasoningContent, Usage: usage(wr.Usage)}
 	if reply.Thinking == "" {
 		reply.Thinking = m.Reasoning
 	}

@@ -181,9 +181,13 @@ func TestUsageIsReadFromTheResponse(t *testing.T) {
 		"basic": {`,"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}`, &events.Usage{InputTokens: n(12), OutputTokens: n(3)}},
 		"details": {`,"usage":{"prompt_tokens":1200,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1024},"completion_tokens_details":{"reasoning_tokens":250}}`,
 			&events.Usage{InputTokens: n(1200), OutputTokens: n(300), CachedInputTokens: n(1024), ReasoningTokens: n(250)}},
-		"zero is reported": {`,"usage":{"prompt_tokens":0,"completion_tokens":0}`, &events.Usage{InputTokens: n(0), OutputTokens: n(0)}},
-		"empty object":     {`,"usage":{}`, nil},
-		"negative":         {`,"usage":{"prompt_tokens":-1}`, nil},
+		"zero is reported":    {`,"usage":{"prompt_tokens":0,"completion_tokens":0}`, &events.Usage{InputTokens: n(0), OutputTokens: n(0)}},
+		"empty object":        {`,"usage":{}`, nil},
+		"negative":            {`,"usage":{"prompt_tokens":-1}`, nil},
+		"a whole float":       {`,"usage":{"prompt_tokens":12.0,"completion_tokens":3}`, &events.Usage{InputTokens: n(12), OutputTokens: n(3)}},
+		"not a number":        {`,"usage":{"prompt_tokens":"12","completion_tokens":3}`, nil},
+		"a fraction":          {`,"usage":{"prompt_tokens":1.5,"completion_tokens":3}`, &events.Usage{OutputTokens: n(3)}},
+		"usage not an object": {`,"usage":[1,2]`, nil},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
