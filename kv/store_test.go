@@ -345,3 +345,14 @@ func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
 		t.Fatalf("a run id of exactly %d bytes: %v", bolt.MaxKeySize, err)
 	}
 }
+
+func TestRunDeleterContract(t *testing.T) {
+	proptest.RunDeleterContract(t, func(t *testing.T) proptest.DeletingStore {
+		s, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

@@ -95,7 +95,8 @@ type Store struct {
 
 // queries are the statements, with the schema filled in.
 type queries struct {
-	start, cont, state, load, runs string
+	start, cont, state, load, runs, delete string
+	runsTable                              string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -245,6 +246,12 @@ LEFT JOIN {{schema}}.events e ON e.run_id = k.run_id
 ORDER BY e.seq`),
 		runs: sub(`SELECT run_id, status, steps, events, stop_reason, first_event, last_event, last_id
 FROM {{schema}}.runs ORDER BY run_id COLLATE "C"`),
+		// A run's index row when finished (or forced), then its events when
+		// the row went (or forced: events without a row are damage).
+		delete: sub(`WITH r AS (DELETE FROM {{schema}}.runs WHERE run_id = $1 AND (status = 'finished' OR $2) RETURNING 1),
+e AS (DELETE FROM {{schema}}.events WHERE run_id = $1 AND (EXISTS (SELECT 1 FROM r) OR $2) RETURNING 1)
+SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM e)`),
+		runsTable: sub(`{{schema}}.runs`),
 	}
 }
 

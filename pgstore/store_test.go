@@ -32,3 +32,7 @@ func open(t testing.TB, o pgstore.Options) *pgstore.Store {
 func TestRunStoreContract(t *testing.T) {
 	proptest.RunStoreContract(t, func(t *testing.T) seams.RunStore { return open(t, pgstore.Options{}) })
 }
+
+func TestRunDeleterContract(t *testing.T) {
+	proptest.RunDeleterContract(t, func(t *testing.T) proptest.DeletingStore { return open(t, pgstore.Options{}) })
+}

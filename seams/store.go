@@ -69,7 +69,22 @@ var (
 	ErrTailMoved = errors.New("seams: the stream's tail moved: another writer appended to the run")
 	// ErrRunLocked: LockRun found the run reserved by another driver.
 	ErrRunLocked = errors.New("seams: run is held by another driver")
+	// ErrNoRun: the store holds no run of that id.
+	ErrNoRun = errors.New("seams: no such run")
+	// ErrRunNotFinished: DeleteRun without force found no RunFinished.
+	ErrRunNotFinished = errors.New("seams: run is not finished (it may be resumed); delete it only with force")
 )
+
+// RunDeleter is implemented by stores that can delete runs (retention).
+// DeleteRun removes runID's stream and index entry in one transaction. It
+// refuses, writing nothing, a run a driver holds (ErrRunLocked: the store
+// reserves the run while it deletes, so a driver cannot start meanwhile
+// either), a run that has not finished unless force (ErrRunNotFinished),
+// and a run it does not hold (ErrNoRun). A resumed deleted run is a run
+// never written.
+type RunDeleter interface {
+	DeleteRun(ctx context.Context, runID string, force bool) error
+}
 
 // CheckAppend applies the append rules of RunStore to a batch, given the
 // stream's last key (tail; zero for an empty stream), whether its last

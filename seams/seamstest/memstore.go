@@ -122,3 +122,26 @@ func (m *MemStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	slices.SortFunc(out, func(a, b seams.RunInfo) int { return strings.Compare(a.RunID, b.RunID) })
 	return out, nil
 }
+
+// DeleteRun implements seams.RunDeleter.
+func (m *MemStore) DeleteRun(ctx context.Context, runID string, force bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	release, err := m.LockRun(runID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	stream, ok := m.streams[runID]
+	switch {
+	case !ok || len(stream) == 0:
+		return seams.ErrNoRun
+	case !force && stream[len(stream)-1].env.Kind != events.KindRunFinished:
+		return seams.ErrRunNotFinished
+	}
+	delete(m.streams, runID)
+	return nil
+}

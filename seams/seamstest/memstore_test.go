@@ -11,3 +11,7 @@ import (
 func TestMemStoreKeepsTheRunStoreContract(t *testing.T) {
 	proptest.RunStoreContract(t, func(*testing.T) seams.RunStore { return new(seamstest.MemStore) })
 }
+
+func TestMemStoreKeepsTheRunDeleterContract(t *testing.T) {
+	proptest.RunDeleterContract(t, func(*testing.T) proptest.DeletingStore { return new(seamstest.MemStore) })
+}

@@ -1,0 +1,69 @@
+package kv
+
+import (
+	"context"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/polyloop/polyloop/seams"
+)
+
+var _ seams.RunDeleter = (*Store)(nil)
+
+// DeleteRun implements seams.RunDeleter: the run's bucket and index entry
+// go in one transaction. The run is reserved (RunLocks) while it is
+// deleted, so a run being driven in this process is refused, and no driver
+// starts on it meanwhile; other processes cannot open the file at all. A
+// run whose index entry is damaged counts as unfinished. The freed pages
+// are reused by later appends, so a store whose old runs are deleted stops
+// growing (Compact shrinks the file itself).
+func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
+	if s.readOnly {
+		return ErrReadOnly
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	release, err := s.LockRun(runID)
+	if err != nil {
+		return fmt.Errorf("kv: delete run %q: %w", runID, err)
+	}
+	defer release()
+	err = withFaultsAsPanics(func() error {
+		return s.db.Update(func(tx *bolt.Tx) error {
+			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
+			if runs == nil || index == nil {
+				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
+			}
+			key := []byte(runID)
+			info, indexed, ierr := readInfo(index, key)
+			b := runs.Bucket(key)
+			switch {
+			case !indexed && b == nil:
+				return seams.ErrNoRun
+			case !force && ierr != nil:
+				return fmt.Errorf("%w (its index entry is damaged: %v)", seams.ErrRunNotFinished, ierr)
+			case !force && info.Status != StatusFinished:
+				return seams.ErrRunNotFinished
+			}
+			if b != nil {
+				if err := runs.DeleteBucket(key); err != nil {
+					return err
+				}
+			}
+			if indexed {
+				return index.Delete(key)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("kv: delete run %q: %w", runID, err)
+	}
+	s.txCount.Add(1)
+	return nil
+}
