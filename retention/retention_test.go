@@ -1,0 +1,137 @@
+package retention_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/retention"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+func agent(store seams.RunStore, runID string, steps int) (engine.Definition, engine.Request) {
+	var replies []string
+	for i := range steps {
+		replies = append(replies, fmt.Sprintf("ACTION: step %d", i))
+	}
+	return engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(append(replies, "FINAL: done")...)},
+			Parser: seamstest.Parser{}, Store: store},
+		engine.Request{RunID: runID, Executor: &seamstest.Executor{}, ModelReplayPolicy: events.ReplaySafe,
+			Budget: engine.Budget{MaxSteps: steps + 2, MaxActions: steps + 2, MaxConsecutiveParseFailures: 2, MaxPromptChars: 1 << 20}}
+}
+
+// TestExpireDeletesOnlyOldFinishedRuns: finished runs before the cutoff
+// go; newer ones, unfinished ones and one a driver holds stay.
+func TestExpireDeletesOnlyOldFinishedRuns(t *testing.T) {
+	ctx := context.Background()
+	store, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	for _, id := range []string{"old-1", "old-2", "held"} {
+		def, req := agent(store, id, 1)
+		if _, err := engine.Run(ctx, def, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := store.Append(ctx, "unfinished", [16]byte{}, events.RunStarted{RunID: "unfinished", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	cutoff := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	def, req := agent(store, "new", 1)
+	if _, err := engine.Run(ctx, def, req); err != nil {
+		t.Fatal(err)
+	}
+	release, err := store.LockRun("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := retention.Expire(ctx, store, cutoff)
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(res.Deleted) != "[old-1 old-2]" || fmt.Sprint(res.Busy) != "[held]" {
+		t.Fatalf("deleted %v, busy %v", res.Deleted, res.Busy)
+	}
+	runs, _ := store.Runs(ctx)
+	var left []string
+	for _, r := range runs {
+		left = append(left, r.RunID)
+	}
+	if fmt.Sprint(left) != "[held new unfinished]" {
+		t.Fatalf("left %v", left)
+	}
+}
+
+// TestAgentsKeepRunningDuringDeletion: while passes of Expire delete
+// finished runs, other agents run on the same store to the end, each log
+// sound, and no run is deleted before it finished.
+func TestAgentsKeepRunningDuringDeletion(t *testing.T) {
+	ctx := context.Background()
+	store, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	const agents, steps = 8, 30
+	var wg sync.WaitGroup
+	errs := make(chan error, agents)
+	for i := range agents {
+		wg.Go(func() {
+			id := fmt.Sprint("agent-", i)
+			def, req := agent(store, id, steps)
+			r, err := engine.Run(ctx, def, req)
+			if err == nil && r.StopReason != events.StopAgentFinished {
+				err = fmt.Errorf("%s stopped with %s", id, r.StopReason)
+			}
+			if err == nil {
+				if stream, lerr := store.Load(ctx, id); lerr != nil || (len(stream) > 0 && recovery.Check(id, stream) != nil) {
+					err = fmt.Errorf("%s: log %v", id, lerr)
+				}
+			}
+			errs <- err
+		})
+	}
+	deleted := 0
+	stop := make(chan struct{})
+	go func() { wg.Wait(); close(stop) }()
+	for pass := 0; ; pass++ {
+		res, err := retention.Expire(ctx, store, time.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		deleted += len(res.Deleted)
+		select {
+		case <-stop:
+			res, err := retention.Expire(ctx, store, time.Now().Add(time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleted += len(res.Deleted)
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if deleted != agents {
+				t.Fatalf("%d runs deleted, want %d (each once it finished)", deleted, agents)
+			}
+			t.Logf("%d passes of Expire while %d agents ran %d steps each", pass+1, agents, steps)
+			return
+		default:
+		}
+	}
+}
