@@ -122,6 +122,20 @@ type appendRequest struct {
 // that is not a store ErrNotAStore, a file held elsewhere ErrLocked — never
 // a panic, and a refused Open leaves no lock, mapping or descriptor behind.
 func Open(path string, o Options) (*Store, error) {
+	for attempt := 1; ; attempt++ {
+		s, err := openOnce(path, o)
+		if errors.Is(err, errReplaced) && attempt < 5 {
+			continue // Compact swapped a new file in while we waited for the old one's lock
+		}
+		return s, err
+	}
+}
+
+// errReplaced: the file at the path is no longer the file opened (Compact
+// renamed a new one over it while Open waited for the lock).
+var errReplaced = errors.New("kv: the store file was replaced while opening")
+
+func openOnce(path string, o Options) (*Store, error) {
 	timeout := o.LockTimeout
 	if timeout <= 0 {
 		timeout = DefaultLockTimeout
@@ -270,6 +284,11 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 			return fail(fmt.Errorf("%w by another process: %s (waited %s)", ErrLocked, path, timeout))
 		}
 		return fail(fmt.Errorf("kv: open %s: %w", path, err))
+	}
+	if fi, err := f.Stat(); err == nil {
+		if cur, err := os.Stat(path); err == nil && !os.SameFile(fi, cur) {
+			return fail(errReplaced)
+		}
 	}
 	size, err := fileSize(f)
 	if err != nil {

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/stores"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// fill writes finished runs f-0…f-(n-1) and one unfinished run "u".
+func fill(t *testing.T, s seams.RunStore, n int) {
+	t.Helper()
+	ctx := context.Background()
+	write := func(run string, evs []events.Event) {
+		var tail ulid.ULID
+		for _, ev := range evs {
+			envs, err := s.Append(ctx, run, tail, ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tail = envs[0].ID
+		}
+	}
+	for i := range n {
+		write(fmt.Sprint("f-", i), proptest.SoundStream(fmt.Sprint("f-", i)))
+	}
+	write("u", proptest.SoundStream("u")[:3])
+}
+
+func admin(args ...string) (int, string) {
+	var out, errOut strings.Builder
+	code := run(args, &out, &errOut)
+	return code, out.String() + errOut.String()
+}
+
+func runIDs(t *testing.T, target string) string {
+	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	runs, err := s.Runs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range runs {
+		ids = append(ids, r.RunID)
+	}
+	return strings.Join(ids, ",")
+}
+
+// TestAdminOnAFile: delete (finished only, unless --force), gc by age,
+// compact, and usage errors, on a bbolt file.
+func TestAdminOnAFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, s, 40)
+	s.Close()
+
+	if code, out := admin("delete", path, "f-0", "u"); code != exitProblem || !strings.Contains(out, "deleted f-0") || !strings.Contains(out, "not finished") {
+		t.Fatalf("delete: %d\n%s", code, out)
+	}
+	if code, out := admin("delete", "--force", path, "u"); code != exitOK {
+		t.Fatalf("delete --force: %d\n%s", code, out)
+	}
+	if code, out := admin("delete", path, "ghost"); code != exitProblem || !strings.Contains(out, "no such run") {
+		t.Fatalf("delete of an unknown run: %d\n%s", code, out)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if code, out := admin("gc", "--finished-before", "5ms", path); code != exitOK || !strings.Contains(out, "deleted 39 finished runs") {
+		t.Fatalf("gc: %d\n%s", code, out)
+	}
+	if ids := runIDs(t, path); ids != "" {
+		t.Fatalf("left: %s", ids)
+	}
+	if code, out := admin("compact", path); code != exitOK || !strings.Contains(out, "compacted") {
+		t.Fatalf("compact: %d\n%s", code, out)
+	}
+	for _, args := range [][]string{{}, {"frobnicate", path}, {"gc", path}, {"delete", path}, {"compact"}} {
+		if code, out := admin(args...); code != exitUsage {
+			t.Errorf("%v: %d\n%s", args, code, out)
+		}
+	}
+}
+
+// TestAdminOnPostgres: delete and gc through a postgres:// URL; compact
+// says what PostgreSQL does instead.
+func TestAdminOnPostgres(t *testing.T) {
+	url := pgtest.StoreURL(t)
+	s, err := stores.Open(context.Background(), url, stores.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, s, 3)
+	s.Close()
+	if code, out := admin("delete", url, "f-0"); code != exitOK {
+		t.Fatalf("delete: %d\n%s", code, out)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if code, out := admin("gc", "--finished-before", "5ms", url); code != exitOK || !strings.Contains(out, "deleted 2 finished runs") {
+		t.Fatalf("gc: %d\n%s", code, out)
+	}
+	if ids := runIDs(t, url); ids != "u" {
+		t.Fatalf("left: %s", ids)
+	}
+	if code, out := admin("compact", url); code != exitProblem || !strings.Contains(out, "VACUUM") {
+		t.Fatalf("compact of a URL: %d\n%s", code, out)
+	}
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/retention"
+	"github.com/polyloop/polyloop/stores"
+)
+
+const (
+	exitOK      = 0
+	exitProblem = 1
+	exitUsage   = 2
+)
+
+const usage = `polyloop-admin changes PolyLoop stores: deletes runs, compacts files.
+(polyloop-inspect only reads.)
+
+Usage:
+  polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
+  polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
+  polyloop-admin compact STORE                      rewrite a bbolt file without its free pages
+
+STORE is a bbolt file or a postgres:// URL. A run being driven is never
+deleted. Exit status: 0 done, 1 a problem (a run refused, the store
+unreadable), 2 bad usage.
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	force := fs.Bool("force", false, "delete unfinished runs too")
+	before := fs.Duration("finished-before", 0, "age of the runs gc deletes")
+	var flags, pos []string
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--finished-before" || a == "-finished-before":
+			flags = append(flags, a)
+			if i+1 < len(args) {
+				i++
+				flags = append(flags, args[i])
+			}
+		case strings.HasPrefix(a, "-"):
+			flags = append(flags, a)
+		default:
+			pos = append(pos, a)
+		}
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "polyloop-admin %s: "+format+"\n\n%s", append([]any{args[0]}, append(a, usage)...)...)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case "delete", "gc", "compact":
+	default:
+		return bad("unknown command")
+	}
+	if err := fs.Parse(flags); err != nil {
+		return bad("%v", err)
+	}
+	ctx := context.Background()
+	switch args[0] {
+	case "delete":
+		if len(pos) < 2 {
+			return bad("want STORE and at least one RUN")
+		}
+		return withStore(ctx, pos[0], stderr, func(s retention.Store) int {
+			code := exitOK
+			for _, id := range pos[1:] {
+				if err := s.DeleteRun(ctx, id, *force); err != nil {
+					fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
+					code = exitProblem
+					continue
+				}
+				fmt.Fprintf(stdout, "deleted %s\n", id)
+			}
+			return code
+		})
+	case "gc":
+		if len(pos) != 1 || *before <= 0 {
+			return bad("want --finished-before DURATION (e.g. 720h) and one STORE")
+		}
+		return withStore(ctx, pos[0], stderr, func(s retention.Store) int {
+			res, err := retention.Expire(ctx, s, time.Now().Add(-*before))
+			fmt.Fprintf(stdout, "deleted %d finished runs older than %s", len(res.Deleted), *before)
+			if len(res.Busy) > 0 {
+				fmt.Fprintf(stdout, "; %d held by a driver, left for the next pass", len(res.Busy))
+			}
+			fmt.Fprintln(stdout)
+			if err != nil {
+				fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
+				return exitProblem
+			}
+			return exitOK
+		})
+	}
+	if len(pos) != 1 {
+		return bad("want one STORE")
+	}
+	if stores.IsURL(pos[0]) {
+		fmt.Fprintln(stderr, "polyloop-admin compact: PostgreSQL reclaims deleted rows itself (autovacuum); VACUUM FULL the schema's tables to give the space back to the disk")
+		return exitProblem
+	}
+	res, err := kv.Compact(pos[0], kv.Options{LockTimeout: 2 * time.Second})
+	if err != nil {
+		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
+		return exitProblem
+	}
+	fmt.Fprintf(stdout, "compacted %s: %d bytes -> %d bytes\n", pos[0], res.Before, res.After)
+	return exitOK
+}
+
+// withStore opens target read-write and runs f on it.
+func withStore(ctx context.Context, target string, stderr io.Writer, f func(retention.Store) int) int {
+	s, err := stores.Open(ctx, target, stores.Options{LockTimeout: 2 * time.Second})
+	if err != nil {
+		if errors.Is(err, kv.ErrLocked) {
+			fmt.Fprintf(stderr, "polyloop-admin: %v; a bbolt file is changed by the process that writes it (retention.Expire, kv.Store.DeleteRun) or while none does\n", err)
+		} else {
+			fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
+		}
+		return exitProblem
+	}
+	defer s.Close()
+	rs, ok := s.(retention.Store)
+	if !ok {
+		fmt.Fprintf(stderr, "polyloop-admin: %s cannot delete runs\n", target)
+		return exitProblem
+	}
+	return f(rs)
+}

@@ -1,0 +1,81 @@
+package kv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// CompactResult is a compaction's file sizes.
+type CompactResult struct{ Before, After int64 }
+
+// Compact rewrites the store at path without its free pages (what deleted
+// runs leave behind) and swaps the new file in atomically: every run's
+// events stay byte-identical under the same keys, and the path holds the
+// old file or the new one, never half of either. It needs the file to
+// itself (Open's lock): run it while no process has the store open. A
+// process that opens the path meanwhile waits for the lock and then opens
+// the new file (Open notices a file replaced under it and opens again).
+//
+// The new file is built beside the old one, so the directory must have
+// room for both for a moment.
+func Compact(path string, o Options) (CompactResult, error) {
+	var res CompactResult
+	if o.ReadOnly {
+		return res, ErrReadOnly
+	}
+	src, err := Open(path, o)
+	if err != nil {
+		return res, err
+	}
+	defer src.Close()
+	if fi, err := src.file.Stat(); err == nil {
+		res.Before = fi.Size()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".polyloop-compact-*.db")
+	if err != nil {
+		return res, fmt.Errorf("kv: compact %s: %w", path, err)
+	}
+	name := tmp.Name()
+	tmp.Close()
+	defer os.Remove(name) // after a successful rename there is nothing left to remove
+	dst, err := bolt.Open(name, 0o600, &bolt.Options{NoSync: o.NoSync, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return res, fmt.Errorf("kv: compact %s: %w", path, err)
+	}
+	err = withFaultsAsPanics(func() error { return bolt.Compact(dst, src.db, 64<<20) })
+	if err == nil && !o.NoSync {
+		err = dst.Sync()
+	}
+	if err := errors.Join(err, dst.Close()); err != nil {
+		return res, fmt.Errorf("kv: compact %s: %w", path, err)
+	}
+	// Hold the new file's lock across the swap, so nobody opens it before
+	// it is in place and the old one closed.
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		return res, fmt.Errorf("kv: compact %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := lockFile(f, true, o.LockTimeout); err != nil {
+		return res, fmt.Errorf("kv: compact %s: lock the new file: %w", path, err)
+	}
+	defer unlockFile(f)
+	if err := f.Sync(); err != nil {
+		return res, fmt.Errorf("kv: compact %s: %w", path, err)
+	}
+	if err := os.Rename(name, path); err != nil {
+		return res, fmt.Errorf("kv: compact %s: swap in the new file: %w", path, err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		d.Sync() // the rename is durable
+		d.Close()
+	}
+	if fi, err := f.Stat(); err == nil {
+		res.After = fi.Size()
+	}
+	return res, nil
+}
