@@ -49,6 +49,10 @@ var (
 	formatKey    = []byte("format")
 )
 
+// streamFillPercent is how full a stream's pages are filled before they
+// split (bbolt's default, 0.5, suits random inserts).
+const streamFillPercent = 1.0
+
 // formatVersion is the store layout's version, written at creation.
 const formatVersion = "1"
 
@@ -588,6 +592,10 @@ func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
 			return &writeError{fmt.Errorf("kv: bucket for run %q: %w", r.runID, err)}
 		}
 	}
+	// A stream is append-only (its keys only grow), so its leaves are never
+	// split to make room for a key in the middle: fill them whole instead of
+	// bbolt's default half (bbolt reads this per transaction).
+	b.FillPercent = streamFillPercent
 	if !started {
 		info = RunInfo{RunID: r.runID, Status: StatusRunning}
 	}

@@ -1,0 +1,83 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// The storage benchmark's steps: a 2 KB model reply and a 4 KB
+// observation, text-like (words of a vocabulary in varying order, so
+// neither repeats nor is random noise), as issue 16 measures them.
+const (
+	replyBytes = 2048
+	obsBytes   = 4096
+)
+
+var vocabulary = strings.Fields(`the agent reads a file and then it writes the result into the log step
+model action observation tool call returns error output function package import return value
+config path directory list count words lines user goal plan next check test build run done`)
+
+func text(rng *rand.Rand, n int) string {
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(vocabulary[rng.IntN(len(vocabulary))])
+		b.WriteByte(' ')
+	}
+	return b.String()[:n]
+}
+
+type textModel struct{ steps int }
+
+func (m textModel) Call(_ context.Context, c seams.ModelCall) (events.ModelReply, error) {
+	if c.CallIndex >= m.steps {
+		return events.ModelReply{CallID: "c", Content: "FINAL: done"}, nil
+	}
+	rng := rand.New(rand.NewPCG(uint64(c.CallIndex), 1))
+	return events.ModelReply{CallID: fmt.Sprint("call-", c.CallIndex), Content: "ACTION: " + text(rng, replyBytes-len("ACTION: "))}, nil
+}
+func (textModel) Parameters() map[string]string { return nil }
+
+type textExecutor struct{}
+
+func (textExecutor) Execute(_ context.Context, c seams.ActionCall) (events.ActionOutcome, error) {
+	rng := rand.New(rand.NewPCG(uint64(c.StepIdx), 2))
+	return events.ActionOutcome{Status: events.StatusExecuted, Observation: text(rng, obsBytes)}, nil
+}
+func (textExecutor) Parameters() map[string]string { return nil }
+
+// BenchmarkStorageBytes: the store file's size per step of 6,144 bytes of
+// payload (reported as B/step and payload-x; target ≤ 1.3x). One op is a
+// run of 500 steps.
+func BenchmarkStorageBytes(b *testing.B) {
+	const steps = 500
+	for b.Loop() {
+		path := filepath.Join(b.TempDir(), "s.db")
+		store, err := kv.Open(path, kv.Options{NoSync: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		req := engine.Request{RunID: "bytes", Executor: textExecutor{}, ModelReplayPolicy: events.ReplaySafe,
+			Budget: engine.Budget{MaxSteps: steps + 1, MaxActions: steps + 1, MaxConsecutiveParseFailures: 1, MaxPromptChars: 1 << 30}}
+		if _, err := engine.Run(context.Background(), engine.Definition{Model: textModel{steps: steps}, Parser: seamstest.Parser{}, Store: store}, req); err != nil {
+			b.Fatal(err)
+		}
+		store.Close()
+		fi, err := os.Stat(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(fi.Size())/steps, "B/step")
+		b.ReportMetric(float64(fi.Size())/steps/(replyBytes+obsBytes), "payload-x")
+	}
+}
