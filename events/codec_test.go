@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -412,5 +413,77 @@ func TestUsageTotalsKeepUnreportedApart(t *testing.T) {
 	tot.Add(&events.Usage{InputTokens: n(math.MaxInt64), OutputTokens: n(5)})
 	if tot.InputTokens != math.MaxInt64 || tot.Total() != math.MaxInt64 {
 		t.Fatalf("saturated totals %+v, total %d", tot, tot.Total())
+	}
+}
+
+// TestLargePayloadsAreStoredCompressed: a step whose texts repeat is
+// stored zstd-compressed (payload_z) and decodes to the same record; a
+// small one is stored plain; the checksum covers the compressed bytes; a
+// value with both payload keys, or one that does not decompress, is
+// malformed.
+func TestLargePayloadsAreStoredCompressed(t *testing.T) {
+	obs := strings.Repeat("total 12 drwxr-xr-x agent agent 4096 main.go\n", 100)
+	ev := proptest.SoundStream("run-1")[4].(events.StepCompleted)
+	out := events.ActionOutcome{Status: events.StatusExecuted, Observation: obs}
+	ev.ActionOutcome, ev.Step.Observation = &out, "Observation: "+obs
+	b := sealed(t, ev)
+	golden(t, "wire-compressed/step_completed.msgpack", b)
+	if !bytes.Contains(b, []byte("payload_z")) || len(b) > len(obs)/2 {
+		t.Fatalf("a %d-byte observation stored in %d bytes, compressed: %v", len(obs), len(b), bytes.Contains(b, []byte("payload_z")))
+	}
+	env, err := events.Unmarshal("run-1", goldenID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(env.Event, events.Event(ev)) {
+		t.Fatal("the compressed record decodes differently")
+	}
+	if small := sealed(t, proptest.SoundStream("run-1")[1]); bytes.Contains(small, []byte("payload_z")) {
+		t.Fatal("a small payload was compressed")
+	}
+	flipped := bytes.Clone(b)
+	flipped[len(flipped)/2] ^= 1
+	if _, err := events.Unmarshal("run-1", goldenID, flipped); !errors.Is(err, events.ErrChecksum) && !errors.Is(err, events.ErrMalformed) {
+		t.Fatalf("a flipped bit in compressed bytes: %v", err)
+	}
+}
+
+// rawValue is a sealed value built by hand: an envelope map with the given
+// fields, then the checksum.
+func rawValue(t *testing.T, fields ...any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	if err := enc.EncodeMapLen(len(fields)/2 + 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fields {
+		if err := enc.Encode(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf.Write([]byte{0xa3, 'c', 'r', 'c', 0xce, 0, 0, 0, 0})
+	b := buf.Bytes()
+	if err := events.Seal(b, "run-1", goldenID); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestCompressedPayloadsAreBounded: a payload that would decompress past
+// the bound, one that is not zstd, and a value with both payload keys are
+// malformed, never a huge allocation or a panic.
+func TestCompressedPayloadsAreBounded(t *testing.T) {
+	enc, _ := zstd.NewWriter(nil)
+	bomb := enc.EncodeAll(make([]byte, 100<<20), nil)
+	small := enc.EncodeAll([]byte{0x80}, nil)
+	for name, b := range map[string][]byte{
+		"a bomb":        rawValue(t, "kind", "intent", "schema_version", "1.2", "payload_z", bomb),
+		"not zstd":      rawValue(t, "kind", "intent", "schema_version", "1.2", "payload_z", []byte("plain text")),
+		"both payloads": rawValue(t, "kind", "intent", "schema_version", "1.2", "payload", map[string]any{}, "payload_z", small),
+	} {
+		if _, err := events.Unmarshal("run-1", goldenID, b); !errors.Is(err, events.ErrMalformed) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -90,8 +91,26 @@ type wireEnvelope struct {
 	Kind          string             `msgpack:"kind"`
 	SchemaVersion *string            `msgpack:"schema_version"`
 	Payload       msgpack.RawMessage `msgpack:"payload"`
+	PayloadZ      []byte             `msgpack:"payload_z"` // the payload compressed (zstd), since 1.2
 	CRC           *uint32            `msgpack:"crc"`
 }
+
+// Compression: a payload of at least compressMin bytes is stored
+// zstd-compressed (key payload_z) when that saves at least an eighth of
+// it. A step's texts repeat inside its StepCompleted (the reply as
+// raw_output and action, the observation in the outcome and the record),
+// and LLM text compresses besides; the checksum covers the compressed
+// bytes, as stored. Decompression is bounded by maxPayload.
+const (
+	compressMin = 1024
+	maxPayload  = 64 << 20
+)
+
+var (
+	zEncoder, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	zDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxPayload),
+		zstd.WithDecoderMaxWindow(8<<20))
+)
 
 // castagnoli is CRC-32C's table, the checksum of pebble's and etcd's logs.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -162,9 +181,19 @@ func Marshal(ev Event) ([]byte, error) {
 	p := encoders.Get().(*pooledEncoder)
 	defer encoders.Put(p)
 	p.buf.Reset()
+	if err := p.enc.Encode(ev); err != nil {
+		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
+	}
+	payloadKey, payload := "payload", any(msgpack.RawMessage(bytes.Clone(p.buf.Bytes())))
+	if raw := p.buf.Bytes(); len(raw) >= compressMin {
+		if z := zEncoder.EncodeAll(raw, nil); len(z) <= len(raw)-len(raw)/8 {
+			payloadKey, payload = "payload_z", z
+		}
+	}
+	p.buf.Reset()
 	// The fields in a fixed order, the checksum last.
 	err := p.enc.EncodeMapLen(4)
-	for _, f := range []any{"kind", string(ev.Kind()), "schema_version", CurrentSchemaVersion, "payload", ev} {
+	for _, f := range []any{"kind", string(ev.Kind()), "schema_version", CurrentSchemaVersion, payloadKey, payload} {
 		if err == nil {
 			err = p.enc.Encode(f)
 		}
@@ -217,6 +246,22 @@ func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
 		}
 	case *w.SchemaVersion != "1.0":
 		return fail(kind, ErrChecksum, fmt.Sprintf("a value of schema %s carries no checksum", *w.SchemaVersion))
+	}
+	if w.PayloadZ != nil {
+		if w.Payload != nil {
+			return fail(kind, ErrMalformed, "both payload and payload_z")
+		}
+		raw, err := zDecoder.DecodeAll(w.PayloadZ, nil)
+		if err != nil {
+			return fail(kind, ErrMalformed, "payload_z does not decompress: "+err.Error())
+		}
+		if len(raw) > maxPayload {
+			return fail(kind, ErrMalformed, fmt.Sprintf("payload_z decompresses to %d bytes, more than %d", len(raw), maxPayload))
+		}
+		if err := WellFormed(raw); err != nil {
+			return fail(kind, ErrMalformed, "payload_z: "+err.Error())
+		}
+		w.Payload = raw
 	}
 	ev, err := decodePayload(kind, w.Payload)
 	if err != nil {
