@@ -19,7 +19,12 @@ import (
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(rssChildEnv) != "" {
+		os.Exit(rssChild())
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // openPG opens a store in a fresh schema of the benchmarks' durable server
 // (fsync on), with room for conns connections.
