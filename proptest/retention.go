@@ -27,14 +27,7 @@ func RunDeleterContract(t *testing.T, open func(t *testing.T) DeletingStore) {
 	ctx := context.Background()
 	write := func(t *testing.T, s DeletingStore, run string, evs []events.Event) {
 		t.Helper()
-		var tail ulid.ULID
-		for _, ev := range evs {
-			envs, err := s.Append(ctx, run, tail, ev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tail = envs[0].ID
-		}
+		AppendEach(t, s, run, evs)
 	}
 	gone := func(t *testing.T, s DeletingStore, run string, want bool) {
 		t.Helper()
@@ -100,4 +93,18 @@ func RunDeleterContract(t *testing.T, open func(t *testing.T) DeletingStore) {
 			t.Fatalf("delete of an unknown run: %v", err)
 		}
 	})
+}
+
+// AppendEach appends evs to run one at a time, each after the last, as a
+// driver would; it fails t on any error.
+func AppendEach(t testing.TB, s seams.RunStore, run string, evs []events.Event) {
+	t.Helper()
+	var tail ulid.ULID
+	for _, ev := range evs {
+		envs, err := s.Append(context.Background(), run, tail, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tail = envs[0].ID
+	}
 }

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oklog/ulid/v2"
-
-	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
@@ -24,21 +21,10 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // fill writes finished runs f-0…f-(n-1) and one unfinished run "u".
 func fill(t *testing.T, s seams.RunStore, n int) {
 	t.Helper()
-	ctx := context.Background()
-	write := func(run string, evs []events.Event) {
-		var tail ulid.ULID
-		for _, ev := range evs {
-			envs, err := s.Append(ctx, run, tail, ev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tail = envs[0].ID
-		}
-	}
 	for i := range n {
-		write(fmt.Sprint("f-", i), proptest.SoundStream(fmt.Sprint("f-", i)))
+		proptest.AppendEach(t, s, fmt.Sprint("f-", i), proptest.SoundStream(fmt.Sprint("f-", i)))
 	}
-	write("u", proptest.SoundStream("u")[:3])
+	proptest.AppendEach(t, s, "u", proptest.SoundStream("u")[:3])
 }
 
 func admin(args ...string) (int, string) {
