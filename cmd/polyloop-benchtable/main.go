@@ -117,9 +117,37 @@ func write(w io.Writer, samples map[string]*sample, order []string) {
 	}
 	tw.Flush()
 
+	single(w, samples, order)
 	scaling(w, samples, order, "BenchmarkConcurrentRuns/", "", "CONCURRENT RUNS (bbolt)")
 	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/polyloop", "CONCURRENT RUNS (PostgreSQL)")
 	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/floor", "CONCURRENT RAW pgx TRANSACTIONS (the floor)")
+}
+
+// singles are benchmarks measured against a target, not a floor: their
+// metrics are the figures (storage per step, peak memory).
+var singles = map[string]string{
+	"BenchmarkStorageBytes": "payload-x ≤ 1.3",
+	"BenchmarkPeakRSS":      "proportional to the history",
+}
+
+// single prints the medians of the singles' metrics.
+func single(w io.Writer, samples map[string]*sample, order []string) {
+	var rows []string
+	for _, name := range order {
+		if target, ok := singles[name]; ok {
+			rows = append(rows, fmt.Sprintf("%s\t%s\t%s\t%d", name, extras(samples[name]), target, len(samples[name].nsPerOp)))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEASURE\tMEDIANS\tTARGET\tRUNS")
+	for _, r := range rows {
+		fmt.Fprintln(tw, r)
+	}
+	tw.Flush()
 }
 
 // scaling prints a family's throughput relative to its runs=1 member: the

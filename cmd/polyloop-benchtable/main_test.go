@@ -32,3 +32,15 @@ func TestTableUsesMediansAndRatios(t *testing.T) {
 		}
 	}
 }
+
+// TestSinglesPrintTheirMetrics: a benchmark measured against a target,
+// not a floor, prints the medians of its metrics.
+func TestSinglesPrintTheirMetrics(t *testing.T) {
+	in := "BenchmarkStorageBytes-2  2  1 ns/op  8000 B/step  1.30 payload-x\nBenchmarkStorageBytes-2  2  1 ns/op  9000 B/step  1.50 payload-x\nBenchmarkStorageBytes-2  2  1 ns/op  8500 B/step  1.40 payload-x\n"
+	samples, order := parse(strings.NewReader(in))
+	var out bytes.Buffer
+	write(&out, samples, order)
+	if !strings.Contains(out.String(), "8500 B/step, 1.4 payload-x") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+}
