@@ -42,7 +42,7 @@ func Compact(path string, o Options) (CompactResult, error) {
 	name := tmp.Name()
 	tmp.Close()
 	defer os.Remove(name) // after a successful rename there is nothing left to remove
-	dst, err := bolt.Open(name, 0o600, &bolt.Options{NoSync: o.NoSync, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	dst, err := bolt.Open(name, 0o600, &bolt.Options{NoSync: o.NoSync, NoFreelistSync: true, FreelistType: bolt.FreelistMapType, PageSize: pageSizeOf(o)})
 	if err != nil {
 		return res, fmt.Errorf("kv: compact %s: %w", path, err)
 	}

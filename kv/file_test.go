@@ -22,7 +22,7 @@ import (
 func damagedStore(t *testing.T, syncFreelist bool, damage func(t *testing.T, f *pages)) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := Open(path, Options{})
+	s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestTheFileCheckRefusesWhatBboltWouldMisuse(t *testing.T) {
 // of overflowing the decoder's stack.
 func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := Open(path, Options{})
+	s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
 // by Load and Append, instead of steering listings and the append rules.
 func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := Open(path, Options{})
+	s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestAMissingEventIsDamage(t *testing.T) {
 	for _, which := range []string{"middle", "tail", "index names another tail"} {
 		t.Run(which, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "s.db")
-			s, err := Open(path, Options{})
+			s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -330,7 +330,7 @@ func TestAMissingEventIsDamage(t *testing.T) {
 // same store still lands.
 func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := Open(path, Options{})
+	s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
 	if err != nil {
 		t.Fatal(err)
 	}

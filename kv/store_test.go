@@ -114,7 +114,7 @@ func sampleStoreFile(t *testing.T) (dir, path string, file []byte) {
 
 func writeSampleStore(t *testing.T, path string) {
 	t.Helper()
-	s, err := kv.Open(path, kv.Options{})
+	s, err := kv.Open(path, kv.Options{PageSize: 4096}) // truncation points below assume 4 KiB pages
 	if err != nil {
 		t.Fatal(err)
 	}
