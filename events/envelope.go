@@ -157,15 +157,18 @@ func SealedChecksum(b []byte) (sum uint32, ok bool) {
 }
 
 var encoders = sync.Pool{New: func() any {
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.SetSortMapKeys(true) // deterministic bytes for golden files
-	return &pooledEncoder{buf: &buf, enc: enc}
+	p := &pooledEncoder{buf: new(bytes.Buffer), payloadBuf: new(bytes.Buffer)}
+	p.enc, p.payload = msgpack.NewEncoder(p.buf), msgpack.NewEncoder(p.payloadBuf)
+	p.enc.SetSortMapKeys(true) // deterministic bytes for golden files
+	p.payload.SetSortMapKeys(true)
+	return p
 }}
 
 type pooledEncoder struct {
-	buf *bytes.Buffer
-	enc *msgpack.Encoder
+	buf        *bytes.Buffer // the envelope
+	enc        *msgpack.Encoder
+	payloadBuf *bytes.Buffer // the payload, encoded first to decide on compression
+	payload    *msgpack.Encoder
 }
 
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
@@ -181,16 +184,17 @@ func Marshal(ev Event) ([]byte, error) {
 	p := encoders.Get().(*pooledEncoder)
 	defer encoders.Put(p)
 	p.buf.Reset()
-	if err := p.enc.Encode(ev); err != nil {
+	p.payloadBuf.Reset()
+	if err := p.payload.Encode(ev); err != nil {
 		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
 	}
-	payloadKey, payload := "payload", any(msgpack.RawMessage(bytes.Clone(p.buf.Bytes())))
-	if raw := p.buf.Bytes(); len(raw) >= compressMin {
+	raw := p.payloadBuf.Bytes()
+	payloadKey, payload := "payload", any(msgpack.RawMessage(raw))
+	if len(raw) >= compressMin {
 		if z := zEncoder.EncodeAll(raw, nil); len(z) <= len(raw)-len(raw)/8 {
 			payloadKey, payload = "payload_z", z
 		}
 	}
-	p.buf.Reset()
 	// The fields in a fixed order, the checksum last.
 	err := p.enc.EncodeMapLen(4)
 	for _, f := range []any{"kind", string(ev.Kind()), "schema_version", CurrentSchemaVersion, payloadKey, payload} {
