@@ -197,32 +197,7 @@ func BenchmarkGroupedTransaction(b *testing.B) {
 			}
 			b.ResetTimer()
 			for done := 0; done < b.N; done += g {
-				// Two transactions per round, like a step's two appends, each
-				// serving all G runs.
-				for _, part := range [][][]byte{vals[:1], vals[1:]} {
-					err := db.Update(func(tx *bolt.Tx) error {
-						root, err := tx.CreateBucketIfNotExists([]byte("runs"))
-						if err != nil {
-							return err
-						}
-						for _, run := range runs {
-							bk, err := root.CreateBucketIfNotExists(run)
-							if err != nil {
-								return err
-							}
-							for _, v := range part {
-								id := ids.Next(time.Now())
-								if err := bk.Put(id[:], v); err != nil {
-									return err
-								}
-							}
-						}
-						return nil
-					})
-					if err != nil {
-						b.Fatal(err)
-					}
-				}
+				groupedRound(b, db, &ids, vals, runs, false)
 			}
 		})
 		b.Run(fmt.Sprintf("runs=%d/polyloop", g), func(b *testing.B) {
@@ -384,61 +359,9 @@ func BenchmarkFreelistSync(b *testing.B) {
 func BenchmarkLayoutFloor(b *testing.B) {
 	const g = 64
 	vals := encodedStep(b)
-	parts := [][][]byte{vals[:1], vals[1:]} // a step's two appends
 	runs := make([][]byte, g)
 	for i := range runs {
 		runs[i] = []byte(fmt.Sprint("w", i))
-	}
-	round := func(db *bolt.DB, ids *events.IDSource, runs [][]byte, oneBucket bool) {
-		for _, part := range parts {
-			err := db.Update(func(tx *bolt.Tx) error {
-				if oneBucket {
-					all, err := tx.CreateBucketIfNotExists([]byte("events"))
-					if err != nil {
-						return err
-					}
-					all.FillPercent = 1
-					index, err := tx.CreateBucketIfNotExists([]byte("index"))
-					if err != nil {
-						return err
-					}
-					for _, run := range runs {
-						var last ulid.ULID
-						for _, v := range part {
-							last = ids.Next(time.Now())
-							if err := all.Put(last[:], v); err != nil {
-								return err
-							}
-						}
-						if err := index.Put(run, last[:]); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				root, err := tx.CreateBucketIfNotExists([]byte("runs"))
-				if err != nil {
-					return err
-				}
-				for _, run := range runs {
-					bk, err := root.CreateBucketIfNotExists(run)
-					if err != nil {
-						return err
-					}
-					bk.FillPercent = 1
-					for _, v := range part {
-						id := ids.Next(time.Now())
-						if err := bk.Put(id[:], v); err != nil {
-							return err
-						}
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
 	}
 	for _, c := range []struct {
 		name      string
@@ -450,8 +373,64 @@ func BenchmarkLayoutFloor(b *testing.B) {
 			var ids events.IDSource
 			b.ResetTimer()
 			for done := 0; done < b.N; done += len(c.runs) {
-				round(db, &ids, c.runs, c.oneBucket)
+				groupedRound(b, db, &ids, vals, c.runs, c.oneBucket)
 			}
 		})
+	}
+}
+
+// groupedRound commits one step of every run in runs as a step's two
+// appends would, each transaction serving all of them, pages filled whole
+// as kv fills a stream's: into a nested bucket per run, or (oneBucket) into
+// one bucket of all events keyed by ULID plus an index entry per run.
+func groupedRound(b *testing.B, db *bolt.DB, ids *events.IDSource, vals [][]byte, runs [][]byte, oneBucket bool) {
+	for _, part := range [][][]byte{vals[:1], vals[1:]} {
+		err := db.Update(func(tx *bolt.Tx) error {
+			if oneBucket {
+				all, err := tx.CreateBucketIfNotExists([]byte("events"))
+				if err != nil {
+					return err
+				}
+				all.FillPercent = 1
+				index, err := tx.CreateBucketIfNotExists([]byte("index"))
+				if err != nil {
+					return err
+				}
+				for _, run := range runs {
+					var last ulid.ULID
+					for _, v := range part {
+						last = ids.Next(time.Now())
+						if err := all.Put(last[:], v); err != nil {
+							return err
+						}
+					}
+					if err := index.Put(run, last[:]); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			root, err := tx.CreateBucketIfNotExists([]byte("runs"))
+			if err != nil {
+				return err
+			}
+			for _, run := range runs {
+				bk, err := root.CreateBucketIfNotExists(run)
+				if err != nil {
+					return err
+				}
+				bk.FillPercent = 1
+				for _, v := range part {
+					id := ids.Next(time.Now())
+					if err := bk.Put(id[:], v); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
 	}
 }
