@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"sync/atomic"
 	"testing"
 
 	"github.com/polyloop/polyloop/engine"
@@ -15,40 +14,6 @@ import (
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
-
-// pausing holds its at-th call (model call or action) until released.
-type pausing struct {
-	at               int32
-	n                atomic.Int32
-	entered, release chan struct{}
-}
-
-func (p *pausing) pause() {
-	if p.n.Add(1) == p.at {
-		close(p.entered)
-		<-p.release
-	}
-}
-
-type pausingModel struct {
-	*seamstest.Model
-	*pausing
-}
-
-func (m pausingModel) Call(ctx context.Context, c seams.ModelCall) (events.ModelReply, error) {
-	m.pause()
-	return m.Model.Call(ctx, c)
-}
-
-type pausingExecutor struct {
-	seams.ActionExecutor
-	*pausing
-}
-
-func (e pausingExecutor) Execute(ctx context.Context, c seams.ActionCall) (events.ActionOutcome, error) {
-	e.pause()
-	return e.ActionExecutor.Execute(ctx, c)
-}
 
 // TestServerRestartUnderARunningAgent: the server restarts (every
 // connection dropped) while a run waits on its model or its action; the
@@ -79,13 +44,13 @@ func TestServerRestartUnderARunningAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	script := seamstest.Replies(`TOOL count {}`, `TOOL count {}`, `TOOL submit {}`)
-	agent := func(runID string, p *pausing, inModel bool) (engine.Definition, engine.Request) {
+	agent := func(runID string, p *seamstest.Gate, inModel bool) (engine.Definition, engine.Request) {
 		var model seams.ModelClient = &seamstest.Model{Turns: script}
 		var exec seams.ActionExecutor = reg.Executor()
 		if p != nil && inModel {
-			model = pausingModel{&seamstest.Model{Turns: script}, p}
+			model = &seamstest.PausingModel{ModelClient: &seamstest.Model{Turns: script}, Gate: p}
 		} else if p != nil {
-			exec = pausingExecutor{exec, p}
+			exec = &seamstest.PausingExecutor{ActionExecutor: exec, Gate: p}
 		}
 		return engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store},
 			engine.Request{RunID: runID, Tools: reg, Executor: exec, ModelReplayPolicy: events.ReplaySafe,
@@ -102,19 +67,19 @@ func TestServerRestartUnderARunningAgent(t *testing.T) {
 	}{{"waiting on the model", true}, {"waiting on an action", false}} {
 		t.Run(c.name, func(t *testing.T) {
 			runID := "restart-" + c.name
-			p := &pausing{at: 2, entered: make(chan struct{}), release: make(chan struct{})}
+			p := seamstest.NewGate(2)
 			def, req := agent(runID, p, c.inModel)
 			done := make(chan error, 1)
 			go func() { _, err := engine.Run(ctx, def, req); done <- err }()
 			select {
-			case <-p.entered:
+			case <-p.Entered:
 			case err := <-done:
 				t.Fatalf("run ended before the pause: %v", err)
 			}
 			if err := srv.Restart(); err != nil {
 				t.Fatal(err)
 			}
-			close(p.release)
+			close(p.Release)
 			err := <-done
 			if err == nil || errors.Is(err, engine.ErrRunBusy) {
 				t.Fatalf("the run went on through a dropped connection: %v", err)

@@ -189,31 +189,64 @@ func (s *Sink) Envelopes() []events.Envelope {
 // Parameters implements seams.EventSink.
 func (s *Sink) Parameters() map[string]string { return map[string]string{"kind": "recording"} }
 
-// PausingModel holds its At-th call (counting from 1) until Release is
-// closed, closing Entered when the call arrives: a test can act while a
-// run waits in a model call. Make it with NewPausingModel.
-type PausingModel struct {
-	seams.ModelClient
+// Gate holds the At-th call through it (counting from 1) until Release is
+// closed, closing Entered when that call arrives: a test acts while a run
+// waits in a model call or an action. Make it with NewGate.
+type Gate struct {
 	At       int32
 	Entered  chan struct{}
 	Release  chan struct{}
 	received atomic.Int32
 }
 
-// NewPausingModel wraps inner, pausing its at-th call.
+// NewGate holds the at-th call.
+func NewGate(at int32) *Gate {
+	return &Gate{At: at, Entered: make(chan struct{}), Release: make(chan struct{})}
+}
+
+// pass lets a call through, holding the At-th until Release or ctx ends.
+func (g *Gate) pass(ctx context.Context) error {
+	if g.received.Add(1) != g.At {
+		return nil
+	}
+	close(g.Entered)
+	select {
+	case <-g.Release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// PausingModel is a model whose calls go through a Gate.
+type PausingModel struct {
+	seams.ModelClient
+	*Gate
+}
+
+// NewPausingModel wraps inner, holding its at-th call.
 func NewPausingModel(inner seams.ModelClient, at int32) *PausingModel {
-	return &PausingModel{ModelClient: inner, At: at, Entered: make(chan struct{}), Release: make(chan struct{})}
+	return &PausingModel{ModelClient: inner, Gate: NewGate(at)}
 }
 
 // Call implements seams.ModelClient.
 func (m *PausingModel) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
-	if m.received.Add(1) == m.At {
-		close(m.Entered)
-		select {
-		case <-m.Release:
-		case <-ctx.Done():
-			return events.ModelReply{}, ctx.Err()
-		}
+	if err := m.pass(ctx); err != nil {
+		return events.ModelReply{}, err
 	}
 	return m.ModelClient.Call(ctx, call)
+}
+
+// PausingExecutor is an executor whose actions go through a Gate.
+type PausingExecutor struct {
+	seams.ActionExecutor
+	*Gate
+}
+
+// Execute implements seams.ActionExecutor.
+func (e *PausingExecutor) Execute(ctx context.Context, call seams.ActionCall) (events.ActionOutcome, error) {
+	if err := e.pass(ctx); err != nil {
+		return events.ActionOutcome{}, err
+	}
+	return e.ActionExecutor.Execute(ctx, call)
 }
