@@ -139,6 +139,14 @@ func (f Filter) Apply(runs []Run) []Run {
 	return out
 }
 
+// Plural is "1 step", "2 steps".
+func Plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // Stamp is a time as readers print it: UTC, milliseconds; "-" when zero.
 func Stamp(t time.Time) string {
 	if t.IsZero() {

@@ -78,7 +78,7 @@ func New(store seams.RunReader, o Options) http.Handler {
 	}
 	h := &handler{store: store, o: o, mux: http.NewServeMux()}
 	h.pages = template.Must(template.New("").Funcs(template.FuncMap{
-		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": plural,
+		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": report.Plural,
 	}).ParseFS(assets, "templates/*.html"))
 	static, _ := fs.Sub(assets, "static")
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
@@ -324,14 +324,12 @@ type stepRow struct {
 }
 
 type runPage struct {
-	RunID      string
-	FollowURL  string // the follow endpoint from this page's events on
-	Run        report.Run
-	Verdict    report.VerdictJSON
-	Steps      []stepRow
-	Events     int
-	Finished   bool
-	InDoubtRow bool // the side effect in doubt belongs to a step not yet completed
+	RunID     string
+	FollowURL string // the follow endpoint from this page's events on
+	Run       report.Run
+	Verdict   report.VerdictJSON
+	Steps     []stepRow
+	Finished  bool
 }
 
 func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
@@ -349,7 +347,7 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		info.StopReason = log.Finished.Result.StopReason
 	}
 	page := runPage{RunID: id, Run: report.Classify(info, stream, loadErr), Verdict: report.Verdict(id, stream, v, err),
-		Events: len(stream), Finished: log.Finished != nil,
+		Finished:  log.Finished != nil,
 		FollowURL: "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}}.Encode()}
 	causes := map[int]string{}
 	for _, e := range report.EnvErrors(stream) {
@@ -364,7 +362,6 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
 			EnvError: causes[s.StepIdx]})
 	}
-	page.InDoubtRow = page.Verdict.InDoubt != nil
 	h.render(w, "run.html", page)
 }
 
@@ -399,14 +396,6 @@ func deref(p any) string {
 		}
 	}
 	return "-"
-}
-
-// plural is "1 step", "2 steps".
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func clip(s string, n int) string {

@@ -264,12 +264,5 @@ func clip(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-// plural is "1 step", "2 steps".
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
-}
 
 func stamp(t time.Time) string { return report.Stamp(t) }

@@ -90,7 +90,7 @@ func runsCommand(c *call) int {
 	}
 	tw.Flush()
 	if corrupt > 0 {
-		fmt.Fprintf(c.stderr, "polyloop-inspect: %s listed corrupt; see verify\n", plural(corrupt, "run"))
+		fmt.Fprintf(c.stderr, "polyloop-inspect: %s listed corrupt; see verify\n", report.Plural(corrupt, "run"))
 		return exitProblem
 	}
 	return exitOK

@@ -54,7 +54,7 @@ func verifyCommand(c *call) int {
 		return exitOK
 	}
 	if corrupt > 0 {
-		fmt.Fprintf(c.stdout, "%d corrupt of %s\n", corrupt, plural(len(ids), "run"))
+		fmt.Fprintf(c.stdout, "%d corrupt of %s\n", corrupt, report.Plural(len(ids), "run"))
 		return exitProblem
 	}
 	fmt.Fprintln(c.stdout, "OK")
@@ -70,7 +70,7 @@ func printVerdict(c *call, id string, stream []events.Envelope, v recovery.Verdi
 	}()
 	if err != nil {
 		reasons := report.Problems(err)
-		fmt.Fprintf(w, "%s: corrupt (%s)\n", clip(id, 80), plural(len(reasons), "problem"))
+		fmt.Fprintf(w, "%s: corrupt (%s)\n", clip(id, 80), report.Plural(len(reasons), "problem"))
 		for _, r := range reasons {
 			fmt.Fprintf(w, "  - %s\n", escape(r))
 		}
@@ -78,7 +78,7 @@ func printVerdict(c *call, id string, stream []events.Envelope, v recovery.Verdi
 	}
 	switch v.State {
 	case recovery.Finished:
-		fmt.Fprintf(w, "%s: finished (%s, %s)\n", clip(id, 80), v.Result.StopReason, plural(len(v.Result.Steps), "step"))
+		fmt.Fprintf(w, "%s: finished (%s, %s)\n", clip(id, 80), v.Result.StopReason, report.Plural(len(v.Result.Steps), "step"))
 		if a := v.Result.FinalAnswer; a != nil {
 			fmt.Fprintf(w, "  answer: %s\n", clip(*a, 200))
 		}
