@@ -264,5 +264,4 @@ func clip(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-
 func stamp(t time.Time) string { return report.Stamp(t) }
