@@ -67,17 +67,3 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 	s.txCount.Add(1)
 	return nil
 }
-
-// DataSize is the bytes the store's pages occupy up to its high-water mark
-// (free pages inside it included). The file itself is larger: bbolt grows
-// it ahead of need, doubling up to 1 GiB.
-func (s *Store) DataSize() (int64, error) {
-	if err := s.checkOpen(); err != nil {
-		return 0, err
-	}
-	var n int64
-	err := withFaultsAsPanics(func() error {
-		return s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
-	})
-	return n, err
-}

@@ -770,6 +770,20 @@ func (s *Store) checkOpen() error {
 	return nil
 }
 
+// DataSize is the bytes the store's pages occupy up to its high-water mark
+// (free pages inside it included). The file itself is larger: bbolt grows
+// it ahead of need, doubling up to 1 GiB.
+func (s *Store) DataSize() (int64, error) {
+	if err := s.checkOpen(); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := withFaultsAsPanics(func() error {
+		return s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
+	})
+	return n, err
+}
+
 // Transactions is the number of write transactions committed so far. Tests
 // and benchmarks use it to count durable writes per step.
 func (s *Store) Transactions() uint64 { return s.txCount.Load() }

@@ -17,7 +17,7 @@ func eventsFlags(fs *flag.FlagSet, c *call) {
 func eventsCommand(c *call) int {
 	w := c.stdout
 	if c.follow {
-		ctx, stop := serveCtx()
+		ctx, stop := interruptCtx()
 		defer stop()
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)

@@ -130,9 +130,9 @@ func TestFollowAndServeWhileAnAgentWrites(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	old := serveCtx
-	serveCtx = func() (context.Context, context.CancelFunc) { return ctx, func() {} }
-	defer func() { serveCtx = old }()
+	old := interruptCtx
+	interruptCtx = func() (context.Context, context.CancelFunc) { return ctx, func() {} }
+	defer func() { interruptCtx = old }()
 
 	followed := make(chan string, 1)
 	go func() {

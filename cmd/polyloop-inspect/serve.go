@@ -18,8 +18,8 @@ func serveFlags(fs *flag.FlagSet, c *call) {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "address to listen on (loopback unless you say otherwise)")
 }
 
-// serveCtx is what ends serve: Ctrl-C (tests replace it).
-var serveCtx = func() (context.Context, context.CancelFunc) {
+// interruptCtx ends serve and events --follow: Ctrl-C (tests replace it).
+var interruptCtx = func() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt)
 }
 
@@ -34,7 +34,7 @@ func serveCommand(c *call) int {
 	if err != nil {
 		return c.fail("listen on %s: %v", c.addr, err)
 	}
-	ctx, stop := serveCtx()
+	ctx, stop := interruptCtx()
 	defer stop()
 	srv := &http.Server{Handler: viewer.New(s, viewer.Options{}), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
