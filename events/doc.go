@@ -30,6 +30,16 @@
 // 1.1 or later without one is refused. Nested schema versions (a step
 // record's, a result's, run_started's) must be present and of a known major.
 //
+// # Schema 1.2
+//
+// 1.2 adds, each optional and absent in older values: a reply's token
+// usage (ModelReply.Usage), an env_error's cause (ActionOutcome.EnvError),
+// the stop reason token_budget, and compression: a payload of 1 KiB or more
+// may be stored as "payload_z", the payload's msgpack bytes zstd-compressed
+// (when that saves an eighth), in place of "payload". The checksum covers
+// the stored bytes; decompression is bounded (64 MiB) and its result is
+// walked like any payload.
+//
 // Decoding first walks the value without recursion (a stack of counts),
 // proving every declared length is backed by bytes and that nothing nests
 // deeper than 32 levels, so a damaged value can neither make decoding

@@ -2,7 +2,9 @@
 // property tests.
 //
 // Exported, for any test: RunStoreContract, the contract suite every
-// seams.RunStore implementation runs against itself; SoundStream and
+// seams.RunStore implementation runs against itself; RunDeleterContract,
+// the same for seams.RunDeleter; AppendEach, a stream written event by
+// event; SoundStream and
 // FailedModelCall, sample streams holding every record shape; CrashingStore,
 // a store that dies at its n-th append (pebble's errorfs pattern);
 // SameSteps, trajectory equality with timing aside; BoltFloor, the raw
@@ -10,13 +12,15 @@
 // of a store file.
 //
 // Its own tests are the recovery promise, checked with pgregory.net/rapid:
-// generated runs crashed at every write — on MemStore and kv, the resume
+// generated runs crashed at every write — on MemStore, kv and PostgreSQL
+// (when a server is at hand, pgstore/pgtest), the resume
 // crashed again and cancelled — and resumed (TestPropertyCrashAtEveryWrite);
 // 2–4 drivers racing on one run (TestPropertyOneDriverPerRun); damaged logs
 // refused or resumed soundly, damage no sound log can hold always refused
 // (TestPropertyDamagedLogsAreRefusedOrResumedSoundly,
 // TestPropertyDamagedBytesAreAlwaysRefused); a real process killed with
-// SIGKILL mid-run and resumed (TestRealCrashSIGKILL); and the damage corpus
+// SIGKILL mid-run and resumed (TestRealCrashSIGKILL; on PostgreSQL two
+// processes then race to resume, TestRealCrashSIGKILLPostgres); and the damage corpus
 // opened in child processes (TestDamageCorpus; make damage runs all of it).
 // CI runs 1,000 generated runs per property; make prop runs 100,000.
 //

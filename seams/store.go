@@ -12,8 +12,9 @@ import (
 	"github.com/polyloop/polyloop/events"
 )
 
-// RunStore persists run streams. Implementations: kv.Store (bbolt) and
-// seamstest.MemStore. proptest.RunStoreContract checks any implementation.
+// RunStore persists run streams. Implementations: kv.Store (bbolt),
+// pgstore.Store (PostgreSQL) and seamstest.MemStore.
+// proptest.RunStoreContract checks any implementation.
 //
 // Append writes evs, in order, in one transaction, to runID's stream, and
 // returns their envelopes once they are durable. after is the id of the
