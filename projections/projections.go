@@ -1,6 +1,6 @@
 // Package projections folds a run's event stream into the views people and
 // code read: the RunLog (every record by type), the trajectory
-// ([]events.StepRecord), the RunResult, and a Summary for listings.
+// ([]events.StepRecord), the RunResult, the usage, and the index entry a store keeps (Summarize).
 //
 // Every view is a fold: Apply takes one envelope at a time, and folding a
 // whole stream gives the same view as applying its events one by one, so a
@@ -10,9 +10,9 @@
 package projections
 
 import (
-	"time"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // RunLog holds a stream's records by type, in stream order.
@@ -90,51 +90,16 @@ func (l *RunLog) Usage() events.UsageTotals {
 	return t
 }
 
-// Status is a run's state as a listing shows it.
-type Status string
-
-const (
-	// StatusRunning: no RunFinished yet (in progress, or crashed).
-	StatusRunning Status = "running"
-	// StatusFinished: the stream holds RunFinished.
-	StatusFinished Status = "finished"
-)
-
-// Summary is a run's line in a listing. It keeps no events, so it can fold
-// a long stream in constant memory.
-type Summary struct {
-	RunID      string
-	Status     Status
-	Steps      int
-	StopReason events.StopReason // empty until finished
-	Events     int
-	Started    time.Time // time of the first event
-	LastEvent  time.Time
-}
-
-// Apply folds one envelope into the summary.
-func (s *Summary) Apply(env events.Envelope) {
-	if s.Events == 0 {
-		s.Started = env.Time()
-		s.Status = StatusRunning
-		s.RunID = events.RunIDOf(env.Event)
-	}
-	s.Events++
-	s.LastEvent = env.Time()
-	switch ev := env.Event.(type) {
-	case events.StepCompleted:
-		s.Steps++
-	case events.RunFinished:
-		s.Status = StatusFinished
-		s.StopReason = ev.Result.StopReason
-	}
-}
-
-// Summarize folds a whole stream into a Summary.
-func Summarize(stream []events.Envelope) Summary {
-	var s Summary
+// Summarize is a run's index entry (what a store's index keeps for
+// listings), folded from its stream with seams.RunInfo.Observe — the fold
+// every store applies to each event it writes.
+func Summarize(stream []events.Envelope) seams.RunInfo {
+	var info seams.RunInfo
 	for _, env := range stream {
-		s.Apply(env)
+		if info.Events == 0 {
+			info.RunID = events.RunIDOf(env.Event)
+		}
+		info.Observe(env)
 	}
-	return s
+	return info
 }

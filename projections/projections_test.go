@@ -10,6 +10,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // envelopes stamps a stream with increasing ULIDs, one millisecond apart.
@@ -44,8 +45,8 @@ func TestRunLogOfAFinishedRun(t *testing.T) {
 		}
 	}
 	sum := projections.Summarize(stream)
-	want := projections.Summary{RunID: "r", Status: projections.StatusFinished, Steps: 4, StopReason: events.StopAgentFinished,
-		Events: len(stream), Started: stream[0].Time(), LastEvent: stream[len(stream)-1].Time()}
+	want := seams.RunInfo{RunID: "r", Status: seams.StatusFinished, Steps: 4, StopReason: events.StopAgentFinished,
+		Events: len(stream), FirstEvent: stream[0].Time(), LastEvent: stream[len(stream)-1].Time(), LastID: stream[len(stream)-1].ID}
 	if sum != want {
 		t.Errorf("summary\n got %+v\nwant %+v", sum, want)
 	}
@@ -59,7 +60,7 @@ func TestUnfinishedRunHasNoResult(t *testing.T) {
 	if tr := l.Trajectory(); tr == nil || len(tr) != 1 {
 		t.Errorf("trajectory %v", tr)
 	}
-	if s := projections.Summarize(envelopes(proptest.SoundStream("r")[:6])); s.Status != projections.StatusRunning || s.StopReason != "" {
+	if s := projections.Summarize(envelopes(proptest.SoundStream("r")[:6])); s.Status != seams.StatusRunning || s.StopReason != "" {
 		t.Errorf("summary %+v", s)
 	}
 }
@@ -72,16 +73,19 @@ func TestFoldingOneAtATimeEqualsFoldingTheStream(t *testing.T) {
 		n := rapid.IntRange(0, len(all)).Draw(t, "prefix")
 		stream := envelopes(all[:n])
 		var live projections.RunLog
-		var sum projections.Summary
-		for _, env := range stream {
+		var sum seams.RunInfo
+		for i, env := range stream {
 			live.Apply(env)
-			sum.Apply(env)
+			if i == 0 {
+				sum.RunID = events.RunIDOf(env.Event)
+			}
+			sum.Observe(env)
 		}
 		if !reflect.DeepEqual(&live, projections.Fold(stream)) {
 			t.Fatalf("RunLog differs after %d events", n)
 		}
 		if sum != projections.Summarize(stream) {
-			t.Fatalf("Summary differs after %d events", n)
+			t.Fatalf("the index entry differs after %d events", n)
 		}
 	})
 }
