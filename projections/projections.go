@@ -10,7 +10,6 @@
 package projections
 
 import (
-
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
