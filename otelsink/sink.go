@@ -240,7 +240,7 @@ func (s *Sink) handle(env events.Envelope) {
 	st := s.runs[runID]
 	if st == nil {
 		st = &runState{start: env.Time()}
-		if s.o.Runs != nil {
+		if _, fresh := env.Event.(events.RunStarted); !fresh && s.o.Runs != nil { // a run resumed here: look its start up
 			if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil && len(stream) > 0 {
 				st.start = stream[0].Time()
 				if rs, ok := stream[0].Event.(events.RunStarted); ok {
