@@ -26,6 +26,7 @@ func TestFencedCode(t *testing.T) {
 			seams.InvalidDecision{Explanation: "No code block found. Reply with one fenced code block to run, or FINAL ANSWER: <answer>."}},
 		{"an unclosed block", "```sh\nls", "```sh\nls", seams.InvalidDecision{Explanation: "The code block is not closed with ```."}},
 		{"an empty block", "```sh\n```", "```sh\n```", seams.InvalidDecision{Explanation: "The code block is empty."}},
+		{"a blank block keeps its fence in the history", "```\n  \n```\nafter", "```\n  \n```", seams.InvalidDecision{Explanation: "The code block is empty."}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -52,6 +53,7 @@ func TestToolCalls(t *testing.T) {
 		{"a TOOL line", "I'll read it.\nTOOL read_file {\"path\": \"a.txt\"}\nthen I will...",
 			"I'll read it.\nTOOL read_file {\"path\": \"a.txt\"}", call(`TOOL read_file {"path": "a.txt"}`, "read_file", map[string]any{"path": "a.txt"})},
 		{"a TOOL line without arguments", "TOOL list\nmore", "TOOL list", call("TOOL list", "list", map[string]any{})},
+		{"a TOOL line after a blank line", "Let me see.\n\nTOOL list {}", "Let me see.\n\nTOOL list {}", call("TOOL list {}", "list", map[string]any{})},
 		{"an indented TOOL line", "  TOOL list {}", "  TOOL list {}", call("TOOL list {}", "list", map[string]any{})},
 		{"a JSON object after prose", `Sure: {"tool": "count", "arguments": {"dir": "d"}} and then`,
 			`Sure: {"tool": "count", "arguments": {"dir": "d"}}`, call(`{"tool": "count", "arguments": {"dir": "d"}}`, "count", map[string]any{"dir": "d"})},
