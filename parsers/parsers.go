@@ -136,6 +136,10 @@ func (p ToolCalls) line(text string, at int) seams.ParsedReply {
 		nameEnd = len(rest)
 	}
 	name := rest[:nameEnd]
+	if name == "" {
+		return seams.ParsedReply{HistoryText: text, Decision: seams.InvalidDecision{
+			Explanation: "TOOL needs a tool name before its arguments. " + toolCallHelp}}
+	}
 	argsAt := at + len("TOOL ") + nameEnd
 	args := strings.TrimLeft(text[argsAt:], " \t")
 	argsAt = len(text) - len(args)
