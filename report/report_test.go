@@ -10,7 +10,9 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
@@ -57,6 +59,9 @@ func TestFilterRules(t *testing.T) {
 			t.Errorf("%+v passed Check", bad)
 		}
 	}
+	if (report.Filter{}).Check() != nil { // limit 0: no limit
+		t.Error("the zero filter failed Check")
+	}
 	if (report.Filter{Status: report.Statuses, StopReason: []string{"token_budget"}, Limit: 3}).Check() != nil {
 		t.Error("a valid filter failed Check")
 	}
@@ -101,7 +106,82 @@ func TestListClassifiesNewestFirst(t *testing.T) {
 	if want := []string{"started:running", "sound:finished"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("%v, want %v", got, want)
 	}
-	if j := runs[1].JSON(); j.StopReason == nil || j.Started == nil || j.Events != len(sound) {
+	if j := runs[1].JSON(); j.StopReason == nil || j.Started == nil || j.Events != len(sound) || j.FinalAnswer == nil || *j.FinalAnswer != "42" {
 		t.Fatalf("json %+v", j)
+	}
+}
+
+func envelopes(evs []events.Event) []events.Envelope {
+	out := make([]events.Envelope, len(evs))
+	for i, ev := range evs {
+		out[i] = events.Envelope{ID: ulid.Make(), Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+	}
+	return out
+}
+
+// TestVerdictJSON: the three verdicts, with what each carries.
+func TestVerdictJSON(t *testing.T) {
+	sound := proptest.SoundStream("r")
+	verdict := func(evs []events.Event) report.VerdictJSON {
+		stream := envelopes(evs)
+		v, err := recovery.Classify("r", stream)
+		return report.Verdict("r", stream, v, err)
+	}
+	fin := verdict(sound)
+	if fin.Verdict != "finished" || *fin.StopReason != events.StopAgentFinished || fin.FinalAnswer == nil || *fin.FinalAnswer != "42" ||
+		*fin.Plan != recovery.PlanReturnResult || fin.InDoubt != nil || fin.Problems != nil {
+		t.Errorf("finished: %+v", fin)
+	}
+	doubt := verdict(sound[:4]) // the never action's intent, no outcome
+	if doubt.Verdict != "resumable" || *doubt.Step != 0 || *doubt.State != recovery.ActionUnknown || *doubt.Plan != recovery.PlanStopUnknown ||
+		doubt.InDoubt == nil || *doubt.InDoubt.Tool != "list" || doubt.InDoubt.ReplayPolicy != events.ReplayNever || doubt.StopReason != nil {
+		t.Errorf("in doubt: %+v", doubt)
+	}
+	between := verdict(sound[:5])
+	if between.Verdict != "resumable" || between.InDoubt != nil || *between.Plan != recovery.PlanNextStep {
+		t.Errorf("between steps: %+v", between)
+	}
+	bad := verdict(append(sound[:1:1], sound[2:]...)) // a model result without its intent
+	if bad.Verdict != "corrupt" || len(bad.Problems) == 0 || bad.State != nil || bad.Plan != nil {
+		t.Errorf("corrupt: %+v", bad)
+	}
+}
+
+// TestEnvErrorsAndStepTokens: the causes of env_error outcomes by step,
+// and each step's model usage (nil where none was reported).
+func TestEnvErrorsAndStepTokens(t *testing.T) {
+	cause, in, out := "exec: python: not found", int64(10), int64(2)
+	failed := events.ActionOutcome{Status: events.StatusEnvError, Observation: "x", EnvError: &cause}
+	evs := []events.Event{
+		events.RunStarted{RunID: "r", SchemaVersion: events.CurrentSchemaVersion},
+		events.ModelCallResult{RunID: "r", ResultID: "m0", Reply: &events.ModelReply{Content: "a", Usage: &events.Usage{InputTokens: &in, OutputTokens: &out}}},
+		events.StepCompleted{RunID: "r", ResultID: "a0", ActionOutcome: &events.ActionOutcome{Status: events.StatusExecuted}, Step: events.StepRecord{StepIdx: 0}},
+		events.ModelCallResult{RunID: "r", ResultID: "m1", Reply: &events.ModelReply{Content: "b"}},
+		events.StepCompleted{RunID: "r", ResultID: "a1", ActionOutcome: &failed, Step: events.StepRecord{StepIdx: 1}},
+	}
+	stream := envelopes(evs)
+	if got := report.EnvErrors(stream); !reflect.DeepEqual(got, []report.EnvError{{Step: 1, Cause: cause}}) {
+		t.Errorf("env errors %+v", got)
+	}
+	tokens := report.StepTokens(projections.Fold(stream))
+	if len(tokens) != 2 || tokens[0] == nil || *tokens[0].InputTokens != 10 || tokens[1] != nil {
+		t.Errorf("step tokens %+v", tokens)
+	}
+}
+
+// TestStepTokensOfAStepWithoutItsModelResult: a damaged log (a step with
+// no model result) gives no usage for it, not a panic.
+func TestStepTokensOfAStepWithoutItsModelResult(t *testing.T) {
+	stream := envelopes([]events.Event{events.StepCompleted{RunID: "r", Step: events.StepRecord{StepIdx: 0}}})
+	if got := report.StepTokens(projections.Fold(stream)); len(got) != 1 || got[0] != nil {
+		t.Fatalf("%v", got)
+	}
+}
+
+func TestPlural(t *testing.T) {
+	for n, want := range map[int]string{0: "0 steps", 1: "1 step", 2: "2 steps"} {
+		if got := report.Plural(n, "step"); got != want {
+			t.Errorf("Plural(%d) = %q", n, got)
+		}
 	}
 }
