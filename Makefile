@@ -44,7 +44,7 @@ damage:
 # property tests in proptest and the stores' contract tests exercise.
 # Results: mutation-<pkg>.json and the console; see MUTATION.md.
 GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
-MUTATE   ?= engine events recovery kv seams
+MUTATE   ?= engine events recovery kv seams parsers report retention
 TOPDIRS  := cmd engine events examples kv openai otelsink parsers pgstore projections proptest recovery report seams stores viewer
 mutate:
 	@for p in $(MUTATE); do \
