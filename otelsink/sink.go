@@ -7,7 +7,8 @@
 //   - a "chat {model}" span per model call (gen_ai.request.model from the
 //     run's model binding, gen_ai.response.id = the provider's call id,
 //     gen_ai.usage.input_tokens and gen_ai.usage.output_tokens when
-//     reported, error.type on a failed call);
+//     reported, error.type on a failed call; the model is the binding's
+//     "model" key, binding.model in the parameter snapshot);
 //   - an "execute_tool {tool}" span per action (gen_ai.tool.name,
 //     gen_ai.tool.call.id = the action's result id, polyloop.action.status;
 //     error.type when the environment failed or the call was rejected).
