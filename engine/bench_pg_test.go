@@ -84,7 +84,7 @@ func BenchmarkPostgresConcurrentRuns(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("runs=%d/polyloop", n), func(b *testing.B) {
 			store, _ := openPG(b, int32(n)+4)
-			concurrentRuns(b, n, store)
+			concurrentRuns(b, n, store, false)
 		})
 	}
 }

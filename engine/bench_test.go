@@ -136,15 +136,29 @@ func BenchmarkConcurrentRuns(b *testing.B) {
 	for _, n := range []int{1, 8, 64, 256} {
 		b.Run(fmt.Sprintf("runs=%d", n), func(b *testing.B) {
 			store := openStore(b, kv.Options{})
-			concurrentRuns(b, n, store)
+			concurrentRuns(b, n, store, false)
+			b.ReportMetric(float64(store.Transactions())/float64(b.N), "txs/step")
+		})
+	}
+}
+
+// BenchmarkConcurrentTextRuns is BenchmarkConcurrentRuns with issue 16's
+// step: a 2 KB model reply and a 4 KB observation of real text (see
+// BenchmarkStorageBytes). Target: 64 runs ≥ 12x runs=1's throughput.
+func BenchmarkConcurrentTextRuns(b *testing.B) {
+	for _, n := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("runs=%d", n), func(b *testing.B) {
+			store := openStore(b, kv.Options{})
+			concurrentRuns(b, n, store, true)
 			b.ReportMetric(float64(store.Transactions())/float64(b.N), "txs/step")
 		})
 	}
 }
 
 // concurrentRuns drives b.N steps in all on store from n goroutines, each
-// running runs of up to 20 steps one after another.
-func concurrentRuns(b *testing.B, n int, store seams.RunStore) {
+// running runs of up to 20 steps one after another; text: with issue 16's
+// 2 KB replies and 4 KB observations instead of short ones.
+func concurrentRuns(b *testing.B, n int, store seams.RunStore, text bool) {
 	const stepsPerRun = 20
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -160,7 +174,11 @@ func concurrentRuns(b *testing.B, n int, store seams.RunStore) {
 				}
 				steps := int(min(left, stepsPerRun))
 				def := engine.Definition{Model: benchModel{steps: steps - 1}, Parser: seamstest.Parser{}, Store: store}
-				if _, err := engine.Run(context.Background(), def, benchRequest(fmt.Sprintf("w%d-%d", w, run), steps)); err != nil {
+				req := benchRequest(fmt.Sprintf("w%d-%d", w, run), steps)
+				if text {
+					def.Model, req.Executor = textModel{steps: steps - 1}, textExecutor{}
+				}
+				if _, err := engine.Run(context.Background(), def, req); err != nil {
 					b.Error(err)
 					return
 				}
