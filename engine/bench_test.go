@@ -297,9 +297,12 @@ func BenchmarkResume(b *testing.B) {
 			for b.Loop() {
 				count = 0 // events read
 				err := db.View(func(tx *bolt.Tx) error {
-					c := tx.Bucket([]byte("runs")).Bucket([]byte("long")).Cursor()
+					// The file holds this one run, so a cursor over kv's log
+					// reads its events in order; each value is led by kv's
+					// 28-byte link header (kv/layout.go).
+					c := tx.Bucket([]byte("log")).Cursor()
 					for k, v := c.First(); k != nil; k, v = c.Next() {
-						if _, err := events.Unmarshal("long", ulid.ULID(k), v); err != nil {
+						if _, err := events.Unmarshal("long", ulid.ULID(k), v[28:]); err != nil {
 							return err
 						}
 						count++

@@ -22,7 +22,10 @@ import (
 func damagedStore(t *testing.T, syncFreelist bool, damage func(t *testing.T, f *pages)) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
+	// The damage below is placed in 4 KiB pages, in a format 1 file, whose
+	// nested buckets (one of them inline) give the file check the most
+	// bbolt structure to refuse.
+	s, err := Open(path, Options{PageSize: 4096, format: formatBuckets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,96 +276,156 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 	}
 }
 
+// formats are the store formats every layout-specific damage test runs in.
+var formats = []string{formatBuckets, formatLog}
+
+// deleteEvent deletes one event of run from the file's stream, whatever its
+// layout, leaving everything else (the index entry, the other events) as it
+// was.
+func deleteEvent(tx *bolt.Tx, format, run string, key ulid.ULID) error {
+	if format == formatBuckets {
+		return tx.Bucket(runsBucket).Bucket([]byte(run)).Delete(key[:])
+	}
+	return tx.Bucket(logBucket).Delete(key[:])
+}
+
 // TestAMissingEventIsDamage: an event deleted from a stream — in the middle
 // or at the tail, each value's checksum intact — is seen through the index
-// entry's anchors, which no per-value checksum could do for the tail.
+// entry's anchors (and in the log, the broken chain), which no per-value
+// checksum could do for the tail.
 func TestAMissingEventIsDamage(t *testing.T) {
-	for _, which := range []string{"middle", "tail", "index names another tail"} {
-		t.Run(which, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "s.db")
-			s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
-			if err != nil {
-				t.Fatal(err)
-			}
-			envs, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")[:5]...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.Close()
-			victim := envs[2].ID
-			if which == "tail" {
-				victim = envs[4].ID
-			}
-			db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db.Update(func(tx *bolt.Tx) error {
-				if which == "index names another tail" {
-					// The count still matches; only the last key does not.
-					info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
-					if err != nil {
-						return err
-					}
-					info.LastID = envs[3].ID
-					return writeInfo(tx.Bucket(indexBucket), info)
+	for _, format := range formats {
+		for _, which := range []string{"middle", "first", "tail", "index names another tail"} {
+			t.Run("format="+format+"/"+which, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "s.db")
+				s, err := Open(path, Options{PageSize: 4096, format: format})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return tx.Bucket(runsBucket).Bucket([]byte("A")).Delete(victim[:])
+				envs, err := s.Append(context.Background(), "A", ulid.ULID{}, proptest.SoundStream("A")[:5]...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+				victim := map[string]ulid.ULID{"middle": envs[2].ID, "first": envs[0].ID, "tail": envs[4].ID}[which]
+				db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				db.Update(func(tx *bolt.Tx) error {
+					if which == "index names another tail" {
+						// The count still matches; only the last key does not.
+						info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+						if err != nil {
+							return err
+						}
+						info.LastID = envs[3].ID
+						return writeInfo(tx.Bucket(indexBucket), info)
+					}
+					return deleteEvent(tx, format, "A", victim)
+				})
+				db.Close()
+				s, err = Open(path, Options{ReadOnly: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				got, err := s.Load(context.Background(), "A")
+				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") ||
+					which == "index names another tail" && !strings.Contains(err.Error(), "last event") {
+					t.Fatalf("Load after deleting the %s event: %d events, %v", which, len(got), err)
+				}
 			})
-			db.Close()
-			s, err = Open(path, Options{ReadOnly: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			got, err := s.Load(context.Background(), "A")
-			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") ||
-				which == "index names another tail" && !strings.Contains(err.Error(), "last event") {
-				t.Fatalf("Load after deleting the %s event: %d events, %v", which, len(got), err)
-			}
-		})
+		}
 	}
 }
 
-// TestAppendRefusesARunItsStoreContradicts: an append to a run whose index
-// entry names another last key, or whose id holds a plain value instead of
-// a stream, is refused for that run alone; an append of another run in the
-// same store still lands.
-func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
+// TestADamagedLinkIsDamage: in the log, a value whose link to the run's
+// previous event was altered (the event itself intact) is refused by its
+// link checksum, not followed into another run's events or a loop.
+func TestADamagedLinkIsDamage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := Open(path, Options{PageSize: 4096}) // the damage below is placed in 4 KiB pages
+	s, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	envs, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:2]...)
+	envs, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:4]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Append(ctx, "B", ulid.ULID{}, proptest.SoundStream("B")[:2]...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
-		info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
-		if err != nil {
-			return err
-		}
-		info.LastID = envs[0].ID // sealed with a valid checksum, but wrong
-		if err := writeInfo(tx.Bucket(indexBucket), info); err != nil {
-			return err
-		}
-		return tx.Bucket(runsBucket).Put([]byte("V"), []byte("not a stream"))
+		log := tx.Bucket(logBucket)
+		v := append([]byte(nil), log.Get(envs[2].ID[:])...)
+		copy(v, other[0].ID[:]) // now names run B's first event
+		return log.Put(envs[2].ID[:], v)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Append(ctx, "A", envs[1].ID, proptest.SoundStream("A")[2]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "last event") {
-		t.Fatalf("append to a run whose index names another tail: %v", err)
-	}
-	if _, err := s.Append(ctx, "V", ulid.ULID{}, proptest.SoundStream("V")[0]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "not a stream") {
-		t.Fatalf("append to a run id holding a value: %v", err)
-	}
-	if _, err := s.Append(ctx, "B", ulid.ULID{}, proptest.SoundStream("B")[0]); err != nil {
-		t.Fatalf("another run: %v", err)
+	got, err := s.Load(ctx, "A")
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "link") {
+		t.Fatalf("Load with a damaged link: %d events, %v", len(got), err)
 	}
 	s.Close()
+}
+
+// TestAppendRefusesARunItsStoreContradicts: an append to a run whose index
+// entry names another last key, or whose stream has no index entry (in the
+// log: a first event on record; in buckets: a plain value instead of a
+// stream under its id), is refused for that run alone; an append of another
+// run in the same store still lands.
+func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
+	for _, format := range formats {
+		t.Run("format="+format, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "s.db")
+			s, err := Open(path, Options{PageSize: 4096, format: format})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			envs, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:2]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.db.Update(func(tx *bolt.Tx) error {
+				info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+				if err != nil {
+					return err
+				}
+				info.LastID = envs[0].ID // sealed with a valid checksum, but wrong
+				if err := writeInfo(tx.Bucket(indexBucket), info); err != nil {
+					return err
+				}
+				if format == formatBuckets {
+					return tx.Bucket(runsBucket).Put([]byte("V"), []byte("not a stream"))
+				}
+				return tx.Bucket(startsBucket).Put([]byte("V"), envs[0].ID[:])
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantTail := "last event"
+			if format == formatLog {
+				wantTail = "" // the log cannot tell a wrong tail that exists from the right one: Load's count does
+			}
+			if _, err := s.Append(ctx, "A", envs[1].ID, proptest.SoundStream("A")[2]); !errors.Is(err, ErrCorrupt) && wantTail != "" || err != nil && !strings.Contains(err.Error(), wantTail) {
+				t.Fatalf("append to a run whose index names another tail: %v", err)
+			}
+			want := map[string]string{formatBuckets: "not a stream", formatLog: "no index entry"}[format]
+			if _, err := s.Append(ctx, "V", ulid.ULID{}, proptest.SoundStream("V")[0]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("append to a run id with a stream but no index entry: %v", err)
+			}
+			if _, err := s.Append(ctx, "B", ulid.ULID{}, proptest.SoundStream("B")[0]); err != nil {
+				t.Fatalf("another run: %v", err)
+			}
+			s.Close()
+		})
+	}
 }
 
 // TestAMetaPageBboltWouldStillUseIsNeverRolledBack: the newest meta page

@@ -75,7 +75,7 @@ func TestWhatIsNotAStoreIsRefusedUntouched(t *testing.T) {
 // read-only as it is, and read-write gets the marker.
 func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "old.db")
-	s, err := kv.Open(path, kv.Options{})
+	s, err := kv.Open(path, kv.FormatBuckets(kv.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}

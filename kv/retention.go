@@ -35,25 +35,22 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 	defer release()
 	err = withFaultsAsPanics(func() error {
 		return s.db.Update(func(tx *bolt.Tx) error {
-			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
-			if runs == nil || index == nil {
-				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
+			index := tx.Bucket(indexBucket)
+			if index == nil {
+				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
 			key := []byte(runID)
 			info, indexed, ierr := readInfo(index, key)
-			b := runs.Bucket(key)
 			switch {
-			case !indexed && b == nil:
+			case !indexed && !s.layout.exists(tx, runID):
 				return seams.ErrNoRun
 			case !force && ierr != nil:
 				return fmt.Errorf("%w (its index entry is damaged: %v)", seams.ErrRunNotFinished, ierr)
 			case !force && info.Status != StatusFinished:
 				return seams.ErrRunNotFinished
 			}
-			if b != nil {
-				if err := runs.DeleteBucket(key); err != nil {
-					return err
-				}
+			if err := s.layout.remove(tx, runID, info, indexed && ierr == nil); err != nil {
+				return err
 			}
 			if indexed {
 				return index.Delete(key)

@@ -41,7 +41,6 @@ var (
 )
 
 var (
-	runsBucket  = []byte("runs")
 	indexBucket = []byte("index")
 	// formatBucket marks a file as a PolyLoop store; its formatKey holds
 	// the store format version.
@@ -68,8 +67,12 @@ func pageSizeOf(o Options) int {
 // split (bbolt's default, 0.5, suits random inserts).
 const streamFillPercent = 1.0
 
-// formatVersion is the store layout's version, written at creation.
-const formatVersion = "1"
+// Store format versions, written at creation into the format marker: a
+// file keeps its layout for life (Compact copies it as it is).
+const (
+	formatBuckets = "1" // a nested bucket per run (bucketLayout)
+	formatLog     = "2" // one log of all events (logLayout): new files
+)
 
 // DefaultLockTimeout bounds the wait for a file held by another process.
 const DefaultLockTimeout = time.Second
@@ -95,6 +98,8 @@ type Options struct {
 	// PageSize is the page size of a store Open creates (a power of two,
 	// 1 KiB to 64 KiB; zero: DefaultPageSize). An existing file keeps its own.
 	PageSize int
+
+	format string // the format of a store Open creates; tests make format 1 files
 }
 
 // Store is a bbolt-backed seams.RunStore, safe for concurrent use.
@@ -110,6 +115,7 @@ type Store struct {
 	release  func() // ends this process's claim on the file
 	report   fileReport
 	clock    func() time.Time // time.Now; tests set a clock that is off
+	layout   layout           // the file's, by its format version
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
@@ -236,8 +242,12 @@ func create(path string, o Options) error {
 	if err != nil {
 		return fmt.Errorf("kv: create %s: %w", path, err)
 	}
+	version, buckets := formatLog, [][]byte{indexBucket, logBucket, startsBucket}
+	if o.format == formatBuckets {
+		version, buckets = formatBuckets, [][]byte{runsBucket, indexBucket}
+	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{runsBucket, indexBucket} {
+		for _, name := range buckets {
 			if _, err := tx.CreateBucket(name); err != nil {
 				return err
 			}
@@ -246,7 +256,7 @@ func create(path string, o Options) error {
 		if err != nil {
 			return err
 		}
-		return format.Put(formatKey, []byte(formatVersion))
+		return format.Put(formatKey, []byte(version))
 	})
 	if err := errors.Join(err, db.Close()); err != nil {
 		return fmt.Errorf("kv: create %s: %w", path, err)
@@ -371,8 +381,9 @@ func named(path string, err error) error {
 // Options.AllowMetaRollback accepted, or is empty.
 func (s *Store) MetaRollback() string { return s.report.rolledBack }
 
-// prepare checks the format marker and the top-level buckets, and
-// (read-write) marks a store from before the marker existed.
+// prepare reads the format marker, picks the file's layout and checks its
+// top-level buckets, and (read-write) marks a store from before the marker
+// existed (a format 1 store).
 func (s *Store) prepare() error {
 	var marked bool
 	err := withFaultsAsPanics(func() error {
@@ -384,19 +395,26 @@ func (s *Store) prepare() error {
 			}); err != nil {
 				return err
 			}
-			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
+			need := [][]byte{runsBucket, indexBucket}
+			s.layout = bucketLayout{}
 			if format := tx.Bucket(formatBucket); format != nil {
-				if v := format.Get(formatKey); string(v) != formatVersion {
-					return fmt.Errorf("%w: %s: store format %q, this version of kv reads %q", ErrNotAStore, s.path, v, formatVersion)
+				switch v := format.Get(formatKey); string(v) {
+				case formatBuckets:
+				case formatLog:
+					need, s.layout = [][]byte{indexBucket, logBucket, startsBucket}, logLayout{}
+				default:
+					return fmt.Errorf("%w: %s: store format %q, this version of kv reads %q and %q", ErrNotAStore, s.path, v, formatBuckets, formatLog)
 				}
 				marked = true
-			} else if runs == nil || index == nil || len(names) != 2 {
+			} else if tx.Bucket(runsBucket) == nil || tx.Bucket(indexBucket) == nil || len(names) != 2 {
 				// A store from before the format marker holds exactly the
 				// runs and index buckets; anything else is not ours.
 				return fmt.Errorf("%w: %s is a bbolt file without PolyLoop's format marker (top-level buckets: %q)", ErrNotAStore, s.path, names)
 			}
-			if runs == nil || index == nil {
-				return fmt.Errorf("%w: %s: one of the runs and index buckets is missing", ErrCorrupt, s.path)
+			for _, name := range need {
+				if tx.Bucket(name) == nil {
+					return fmt.Errorf("%w: %s: the %s bucket is missing", ErrCorrupt, s.path, name)
+				}
 			}
 			return nil
 		})
@@ -410,7 +428,7 @@ func (s *Store) prepare() error {
 			if err != nil {
 				return err
 			}
-			return format.Put(formatKey, []byte(formatVersion))
+			return format.Put(formatKey, []byte(formatBuckets))
 		})
 	})
 }
@@ -535,12 +553,12 @@ func (s *Store) lead() {
 func (s *Store) commit(group []*appendRequest) {
 	err := withFaultsAsPanics(func() (err error) {
 		return s.db.Update(func(tx *bolt.Tx) error {
-			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
-			if runs == nil || index == nil {
-				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
+			index := tx.Bucket(indexBucket)
+			if index == nil {
+				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
 			for _, r := range group {
-				r.err = s.apply(runs, index, r)
+				r.err = s.apply(tx, index, r)
 				var w *writeError
 				if errors.As(r.err, &w) {
 					return r.err // part of r may be written: the whole group rolls back
@@ -571,63 +589,45 @@ func (s *Store) commit(group []*appendRequest) {
 
 // apply writes one request into the open transaction, or refuses it having
 // written nothing.
-func (s *Store) apply(runs, index *bolt.Bucket, r *appendRequest) error {
+func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	key := []byte(r.runID)
+	if len(key) > bolt.MaxKeySize {
+		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(key), bolt.MaxKeySize)
+	}
 	info, started, err := readInfo(index, key)
 	if err != nil {
 		return err
 	}
-	b := runs.Bucket(key)
-	if b == nil && runs.Get(key) != nil {
-		return fmt.Errorf("%w: run %q: the runs bucket holds a value, not a stream, under its id", ErrCorrupt, r.runID)
-	}
-	var tail ulid.ULID
-	if b != nil {
-		if k, _ := b.Cursor().Last(); k != nil {
-			if len(k) != len(tail) {
-				return fmt.Errorf("%w: run %q: last key %x is not a ULID", ErrCorrupt, r.runID, k)
-			}
-			tail = ulid.ULID(k)
-		}
-	}
-	if started != (tail != ulid.ULID{}) || info.LastID != (ulid.ULID{}) && info.LastID != tail {
-		return fmt.Errorf("%w: run %q: its index entry and its stream disagree on its last event", ErrCorrupt, r.runID)
+	tail, err := s.layout.tail(tx, r.runID, info, started)
+	if err != nil {
+		return err
 	}
 	if err := seams.CheckAppend(r.runID, tail, info.Status == StatusFinished, r.after, r.evs); err != nil {
 		return err
 	}
-	if len(key) > bolt.MaxKeySize {
-		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(key), bolt.MaxKeySize)
-	}
 	for i, v := range r.vals {
-		if len(v) > bolt.MaxValueSize {
+		if len(v) > bolt.MaxValueSize-logHeader {
 			return fmt.Errorf("kv: event %d (%s) of run %q encodes to %d bytes, more than bbolt's %d-byte value limit",
-				i, r.evs[i].Kind(), r.runID, len(v), bolt.MaxValueSize)
+				i, r.evs[i].Kind(), r.runID, len(v), bolt.MaxValueSize-logHeader)
 		}
 	}
 	// Past this point nothing is refused: a failure is bbolt's, and fails
 	// the whole transaction (writeError), since part of r may be written.
-	if b == nil {
-		var err error
-		if b, err = runs.CreateBucket(key); err != nil {
-			return &writeError{fmt.Errorf("kv: bucket for run %q: %w", r.runID, err)}
-		}
-	}
-	// A stream is append-only (its keys only grow), so its leaves are never
-	// split to make room for a key in the middle: fill them whole instead of
-	// bbolt's default half (bbolt reads this per transaction).
-	b.FillPercent = streamFillPercent
 	if !started {
 		info = RunInfo{RunID: r.runID, Status: StatusRunning}
 	}
 	now := s.clock()
 	envs := make([]events.Envelope, len(r.evs))
 	for i, ev := range r.evs {
+		prev := tail
 		tail = s.ids.NextAfter(now, tail)
+		for s.layout.taken(tx, r.runID, tail) {
+			tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
+		}
 		if err := events.Seal(r.vals[i], r.runID, tail); err != nil {
 			return &writeError{err}
 		}
-		if err := b.Put(tail[:], r.vals[i]); err != nil {
+		if err := s.layout.put(tx, r.runID, uint64(info.Events), prev, tail, r.vals[i]); err != nil {
 			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
 		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
@@ -663,36 +663,23 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 	r := events.StreamReader{RunID: runID}
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
-			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
-			if runs == nil || index == nil {
-				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
+			index := tx.Bucket(indexBucket)
+			if index == nil {
+				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
-			key := []byte(runID)
-			info, indexed, err := readInfo(index, key)
+			info, indexed, err := readInfo(index, []byte(runID))
 			if err != nil {
 				r.Problem(err)
 			}
-			b := runs.Bucket(key)
+			n, last, exists := s.layout.read(tx, runID, info, indexed && err == nil, &r)
 			switch {
-			case b == nil && indexed:
+			case !exists && indexed:
 				r.Problem(fmt.Errorf("the index lists run %q but its stream is missing", runID))
 				return nil
-			case b == nil:
+			case !exists:
 				return nil // never written
 			case !indexed:
 				r.Problem(fmt.Errorf("run %q has a stream but no index entry", runID))
-			}
-			n := 0
-			var last ulid.ULID
-			c := b.Cursor()
-			for k, v := c.First(); k != nil; k, v = c.Next() {
-				n++
-				if len(k) != len(last) {
-					r.Problem(fmt.Errorf("key %x is not a ULID", k))
-					continue
-				}
-				last = ulid.ULID(k)
-				r.Value(last, v) // decoding copies what it keeps
 			}
 			if indexed && err == nil {
 				if n != info.Events {
@@ -728,9 +715,9 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	var out []RunInfo
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
-			runs, index := tx.Bucket(runsBucket), tx.Bucket(indexBucket)
-			if runs == nil || index == nil {
-				return fmt.Errorf("%w: %s: runs or index bucket missing", ErrCorrupt, s.path)
+			index := tx.Bucket(indexBucket)
+			if index == nil {
+				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
 			if err := index.ForEach(func(k, v []byte) error {
 				info, err := decodeInfo(k, v)
@@ -743,14 +730,10 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 				return err
 			}
 			// A stream whose index entry is lost is listed too, damaged.
-			var orphans []RunInfo
-			err := runs.ForEach(func(k, _ []byte) error {
-				if index.Get(k) == nil {
-					orphans = append(orphans, RunInfo{RunID: string(k), Status: StatusDamaged})
-				}
-				return nil
-			})
-			out = append(out, orphans...)
+			orphans, err := s.layout.orphans(tx, index)
+			for _, id := range orphans {
+				out = append(out, RunInfo{RunID: id, Status: StatusDamaged})
+			}
 			slices.SortFunc(out, func(a, b RunInfo) int { return strings.Compare(a.RunID, b.RunID) })
 			return err
 		})

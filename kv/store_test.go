@@ -168,19 +168,38 @@ func TestDamagedFilesGiveErrorsNotPanics(t *testing.T) {
 	if err := readAll(good, kv.Options{ReadOnly: true}); err != nil {
 		t.Fatalf("sound file: %v", err)
 	}
-	for _, frac := range []int{0, 1, 5, 10, 25, 50, 75, 90, 99} {
+	ro, err := kv.Open(good, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, err := ro.DataSize()
+	ro.Close()
+	if err != nil || used >= int64(len(whole)) {
+		t.Fatalf("the sample uses %d of the file's %d bytes (%v): no unused tail to cut", used, len(whole), err)
+	}
+	// Cuts into the used pages (fractions of them) must be errors; an empty
+	// file is not a store at all (read-write too: it is not made a new
+	// store). bbolt grows files ahead of use, so a cut in the unused tail
+	// leaves a whole store, and every run must read back intact.
+	for _, frac := range []int{0, 1, 5, 10, 25, 50, 75, 90, 99, -1} {
+		cut := used * int64(frac) / 100
+		if frac < 0 {
+			cut = (used + int64(len(whole))) / 2
+		}
 		for _, ro := range []bool{true, false} {
-			name := fmt.Sprintf("truncated to %d%% readonly=%v", frac, ro)
+			name := fmt.Sprintf("truncated to %d%% of the used bytes readonly=%v", frac, ro)
 			path := filepath.Join(dir, fmt.Sprintf("trunc-%d-%v.db", frac, ro))
-			if err := os.WriteFile(path, whole[:len(whole)*frac/100], 0o600); err != nil {
+			if err := os.WriteFile(path, whole[:cut], 0o600); err != nil {
 				t.Fatal(err)
 			}
-			// bbolt grows files ahead of use, so a cut in the unused tail
-			// leaves a whole store; then every run must read back intact.
-			// Cuts into used pages must be errors; an empty file is not a
-			// store at all (read-write too: it is not made a new store).
 			err := readAll(path, kv.Options{ReadOnly: ro})
-			if err == nil && frac < 90 {
+			if frac < 0 {
+				if err != nil {
+					t.Errorf("cut in the unused tail, readonly=%v: %v", ro, err)
+				}
+				continue
+			}
+			if err == nil {
 				t.Errorf("%s: no error", name)
 			}
 			want := kv.ErrCorrupt
