@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
@@ -74,10 +76,10 @@ func TestWireEncodingIsFrozen(t *testing.T) {
 }
 
 // TestEarlierSchemaValuesStillDecode: the values a 1.0 writer stored (no
-// checksum) and a 1.1 writer stored (sealed, without the outcome's
-// env_error) decode to the same records.
+// checksum), a 1.1 writer stored (sealed, without the outcome's env_error)
+// and a 1.2 writer stored decode to the same records.
 func TestEarlierSchemaValuesStillDecode(t *testing.T) {
-	for _, v := range []string{"1.0", "1.1"} {
+	for _, v := range []string{"1.0", "1.1", "1.2"} {
 		files, _ := filepath.Glob("testdata/wire-" + v + "/*.msgpack")
 		if len(files) != len(everyRecord()) {
 			t.Fatalf("%d %s golden values, want %d", len(files), v, len(everyRecord()))
@@ -417,7 +419,8 @@ func TestUsageTotalsKeepUnreportedApart(t *testing.T) {
 }
 
 // TestLargePayloadsAreStoredCompressed: a step whose texts repeat is
-// stored zstd-compressed (payload_z) and decodes to the same record; a
+// stored S2-compressed (payload_s2) and decodes to the same record, as the
+// zstd value (payload_z) 1.2 wrote does; a
 // small one is stored plain; the checksum covers the compressed bytes; a
 // value with both payload keys, or one that does not decompress, is
 // malformed.
@@ -428,8 +431,16 @@ func TestLargePayloadsAreStoredCompressed(t *testing.T) {
 	ev.ActionOutcome, ev.Step.Observation = &out, "Observation: "+obs
 	b := sealed(t, ev)
 	golden(t, "wire-compressed/step_completed.msgpack", b)
-	if !bytes.Contains(b, []byte("payload_z")) || len(b) > len(obs)/2 {
-		t.Fatalf("a %d-byte observation stored in %d bytes, compressed: %v", len(obs), len(b), bytes.Contains(b, []byte("payload_z")))
+	if !bytes.Contains(b, []byte("payload_s2")) || len(b) > len(obs)/2 {
+		t.Fatalf("a %d-byte observation stored in %d bytes, compressed: %v", len(obs), len(b), bytes.Contains(b, []byte("payload_s2")))
+	}
+	// What 1.2 wrote (zstd, payload_z) still decodes to the same record.
+	old, err := os.ReadFile("testdata/wire-compressed/step_completed-1.2-zstd.msgpack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env, err := events.Unmarshal("run-1", goldenID, old); err != nil || !reflect.DeepEqual(env.Event, withVersion(ev, "1.2")) || !bytes.Contains(old, []byte("payload_z")) {
+		t.Fatalf("the 1.2 zstd value: %v", err)
 	}
 	env, err := events.Unmarshal("run-1", goldenID, b)
 	if err != nil {
@@ -438,7 +449,7 @@ func TestLargePayloadsAreStoredCompressed(t *testing.T) {
 	if !reflect.DeepEqual(env.Event, events.Event(ev)) {
 		t.Fatal("the compressed record decodes differently")
 	}
-	if small := sealed(t, proptest.SoundStream("run-1")[1]); bytes.Contains(small, []byte("payload_z")) {
+	if small := sealed(t, proptest.SoundStream("run-1")[1]); bytes.Contains(small, []byte("payload_s2")) {
 		t.Fatal("a small payload was compressed")
 	}
 	flipped := bytes.Clone(b)
@@ -471,16 +482,26 @@ func rawValue(t *testing.T, fields ...any) []byte {
 }
 
 // TestCompressedPayloadsAreBounded: a payload that would decompress past
-// the bound, one that is not zstd, and a value with both payload keys are
-// malformed, never a huge allocation or a panic.
+// the bound (zstd, or an S2 block declaring more), one that is not what its
+// key says, and a value with two payload keys are malformed, never a huge
+// allocation or a panic.
 func TestCompressedPayloadsAreBounded(t *testing.T) {
 	enc, _ := zstd.NewWriter(nil)
 	bomb := enc.EncodeAll(make([]byte, 100<<20), nil)
 	small := enc.EncodeAll([]byte{0x80}, nil)
+	s2bomb := s2.Encode(nil, make([]byte, 100<<20))
+	s2claim := append(binary.AppendUvarint(nil, 1<<40), 0) // declares a terabyte
+	s2small := s2.Encode(nil, []byte{0x80})
 	for name, b := range map[string][]byte{
-		"a bomb":        rawValue(t, "kind", "intent", "schema_version", "1.2", "payload_z", bomb),
-		"not zstd":      rawValue(t, "kind", "intent", "schema_version", "1.2", "payload_z", []byte("plain text")),
-		"both payloads": rawValue(t, "kind", "intent", "schema_version", "1.2", "payload", map[string]any{}, "payload_z", small),
+		"a bomb":              rawValue(t, "kind", "intent", "schema_version", "1.2", "payload_z", bomb),
+		"not zstd":            rawValue(t, "kind", "intent", "schema_version", "1.2", "payload_z", []byte("plain text")),
+		"both payloads":       rawValue(t, "kind", "intent", "schema_version", "1.2", "payload", map[string]any{}, "payload_z", small),
+		"an S2 bomb":          rawValue(t, "kind", "intent", "schema_version", "1.3", "payload_s2", s2bomb),
+		"an S2 claim":         rawValue(t, "kind", "intent", "schema_version", "1.3", "payload_s2", s2claim),
+		"not S2":              rawValue(t, "kind", "intent", "schema_version", "1.3", "payload_s2", []byte("plain text")),
+		"S2 and zstd":         rawValue(t, "kind", "intent", "schema_version", "1.3", "payload_s2", s2small, "payload_z", small),
+		"S2 and plain":        rawValue(t, "kind", "intent", "schema_version", "1.3", "payload", map[string]any{}, "payload_s2", s2small),
+		"S2 of a broken walk": rawValue(t, "kind", "intent", "schema_version", "1.3", "payload_s2", s2.Encode(nil, []byte{0xdc, 0xff, 0xff})),
 	} {
 		if _, err := events.Unmarshal("run-1", goldenID, b); !errors.Is(err, events.ErrMalformed) {
 			t.Errorf("%s: %v", name, err)

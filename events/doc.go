@@ -40,6 +40,15 @@
 // the stored bytes; decompression is bounded (64 MiB) and its result is
 // walked like any payload.
 //
+// # Schema 1.3
+//
+// 1.3 changes how a large payload is compressed: "payload_s2", an S2 block
+// (github.com/klauspost/compress/s2), in place of 1.2's zstd payload_z,
+// which is still read. S2 costs a fifth of zstd's CPU on a step's texts,
+// which is what 64 concurrent runs on two cores lacked (see envelope.go).
+// An S2 block declaring more than the 64 MiB bound is refused before
+// anything is allocated for it.
+//
 // Decoding first walks the value without recursion (a stack of counts),
 // proving every declared length is backed by bytes and that nothing nests
 // deeper than 32 levels, so a damaged value can neither make decoding

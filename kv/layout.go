@@ -21,8 +21,9 @@ type layout interface {
 	// (ErrCorrupt) when the stream contradicts the index entry.
 	tail(tx *bolt.Tx, runID string, info RunInfo, indexed bool) (ulid.ULID, error)
 	// put writes the run's event number seq (from 0) under key, after prev
-	// (zero for the run's first event), into an open transaction.
-	put(tx *bolt.Tx, runID string, seq uint64, prev, key ulid.ULID, sealed []byte) error
+	// (zero for the run's first event), into an open transaction. v is the
+	// sealed value behind logHeader bytes of room; put owns v.
+	put(tx *bolt.Tx, runID string, seq uint64, prev, key ulid.ULID, v []byte) error
 	// taken reports whether key is in use (keys are unique across a file).
 	taken(tx *bolt.Tx, runID string, key ulid.ULID) bool
 	// read hands the run's stream to r in order and returns how many
@@ -82,7 +83,7 @@ func (l bucketLayout) tail(tx *bolt.Tx, runID string, info RunInfo, indexed bool
 	return tail, nil
 }
 
-func (l bucketLayout) put(tx *bolt.Tx, runID string, _ uint64, _, key ulid.ULID, sealed []byte) error {
+func (l bucketLayout) put(tx *bolt.Tx, runID string, _ uint64, _, key ulid.ULID, v []byte) error {
 	b, err := l.stream(tx, runID)
 	if err != nil {
 		return err
@@ -96,7 +97,7 @@ func (l bucketLayout) put(tx *bolt.Tx, runID string, _ uint64, _, key ulid.ULID,
 	// split to make room for a key in the middle: fill them whole instead of
 	// bbolt's default half (bbolt reads this per transaction).
 	b.FillPercent = streamFillPercent
-	return b.Put(key[:], sealed)
+	return b.Put(key[:], v[logHeader:])
 }
 
 func (bucketLayout) taken(*bolt.Tx, string, ulid.ULID) bool { return false } // keys only grow within a bucket
@@ -217,7 +218,7 @@ func (l logLayout) tail(tx *bolt.Tx, runID string, info RunInfo, indexed bool) (
 	return info.LastID, nil
 }
 
-func (l logLayout) put(tx *bolt.Tx, runID string, seq uint64, prev, key ulid.ULID, sealed []byte) error {
+func (l logLayout) put(tx *bolt.Tx, runID string, seq uint64, prev, key ulid.ULID, v []byte) error {
 	log, starts, err := l.buckets(tx)
 	if err != nil {
 		return err
@@ -227,11 +228,9 @@ func (l logLayout) put(tx *bolt.Tx, runID string, seq uint64, prev, key ulid.ULI
 			return err
 		}
 	}
-	v := make([]byte, logHeader+len(sealed))
 	copy(v, prev[:])
 	binary.BigEndian.PutUint64(v[16:], seq)
 	binary.BigEndian.PutUint32(v[24:], linkSum(key, prev, v[16:24]))
-	copy(v[logHeader:], sealed)
 	// Keys come from one monotonic source, so the log grows at its end:
 	// fill its pages whole. (A key minted after a run's tail from a clock
 	// that was ahead lands further right; later keys go before it and the

@@ -134,7 +134,7 @@ type appendRequest struct {
 	runID string
 	after ulid.ULID
 	evs   []events.Event
-	vals  [][]byte
+	vals  [][]byte // each value behind logHeader bytes of room for the log's link
 	envs  []events.Envelope
 	err   error
 	// wake is closed when the request was committed (or failed), or when
@@ -476,7 +476,9 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	req := &appendRequest{runID: runID, after: after, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
 	for i, ev := range evs {
-		b, err := events.Marshal(ev)
+		// Encoded (and compressed) here, by the appender, not by the leader
+		// inside the transaction.
+		b, err := events.AppendMarshal(make([]byte, logHeader, logHeader+256), ev)
 		if err != nil {
 			return nil, err
 		}
@@ -606,9 +608,9 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		return err
 	}
 	for i, v := range r.vals {
-		if len(v) > bolt.MaxValueSize-logHeader {
+		if len(v) > bolt.MaxValueSize {
 			return fmt.Errorf("kv: event %d (%s) of run %q encodes to %d bytes, more than bbolt's %d-byte value limit",
-				i, r.evs[i].Kind(), r.runID, len(v), bolt.MaxValueSize-logHeader)
+				i, r.evs[i].Kind(), r.runID, len(v)-logHeader, bolt.MaxValueSize-logHeader)
 		}
 	}
 	// Past this point nothing is refused: a failure is bbolt's, and fails
@@ -624,7 +626,7 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		for s.layout.taken(tx, r.runID, tail) {
 			tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
 		}
-		if err := events.Seal(r.vals[i], r.runID, tail); err != nil {
+		if err := events.Seal(r.vals[i][logHeader:], r.runID, tail); err != nil {
 			return &writeError{err}
 		}
 		if err := s.layout.put(tx, r.runID, uint64(info.Events), prev, tail, r.vals[i]); err != nil {
