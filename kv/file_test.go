@@ -320,7 +320,8 @@ func TestAMissingEventIsDamage(t *testing.T) {
 							return err
 						}
 						info.LastID = envs[3].ID
-						return writeInfo(tx.Bucket(indexBucket), info)
+						_, err = writeInfo(tx.Bucket(indexBucket), info)
+						return err
 					}
 					return deleteEvent(tx, format, "A", victim)
 				})
@@ -398,7 +399,7 @@ func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
 					return err
 				}
 				info.LastID = envs[0].ID // sealed with a valid checksum, but wrong
-				if err := writeInfo(tx.Bucket(indexBucket), info); err != nil {
+				if _, err := writeInfo(tx.Bucket(indexBucket), info); err != nil {
 					return err
 				}
 				if format == formatBuckets {

@@ -86,13 +86,14 @@ func decodeInfo(key, v []byte) (RunInfo, error) {
 	return st.RunInfo, nil
 }
 
-// writeInfo stores info, with its checksum, under its run id.
-func writeInfo(index *bolt.Bucket, info RunInfo) error {
+// writeInfo stores info, with its checksum, under its run id, and returns
+// the bytes stored.
+func writeInfo(index *bolt.Bucket, info RunInfo) ([]byte, error) {
 	key := []byte(info.RunID)
 	sum := infoSum(&info, key)
 	v, err := msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return index.Put(key, v)
+	return v, index.Put(key, v)
 }

@@ -52,6 +52,7 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 			if err := s.layout.remove(tx, runID, info, indexed && ierr == nil); err != nil {
 				return err
 			}
+			s.written.forget(runID)
 			if indexed {
 				return index.Delete(key)
 			}

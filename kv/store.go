@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -116,6 +117,7 @@ type Store struct {
 	report   fileReport
 	clock    func() time.Time // time.Now; tests set a clock that is off
 	layout   layout           // the file's, by its format version
+	written  writtenEntries   // index entries this process wrote; used only inside write transactions
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
@@ -596,13 +598,25 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	if len(key) > bolt.MaxKeySize {
 		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(key), bolt.MaxKeySize)
 	}
-	info, started, err := readInfo(index, key)
-	if err != nil {
-		return err
-	}
-	tail, err := s.layout.tail(tx, r.runID, info, started)
-	if err != nil {
-		return err
+	var (
+		info    RunInfo
+		started bool
+		tail    ulid.ULID
+	)
+	if raw := index.Get(key); raw != nil && s.written.holds(r.runID, raw) {
+		// The entry is, byte for byte, the one this process wrote with the
+		// run's last append, so it decodes to what was written, and that
+		// append's events are in the stream it names (this process holds
+		// the file's only write lock). Load still verifies all of it.
+		info, started, tail = s.written.entries[r.runID].info, true, s.written.entries[r.runID].info.LastID
+	} else {
+		var err error
+		if info, started, err = readInfo(index, key); err != nil {
+			return err
+		}
+		if tail, err = s.layout.tail(tx, r.runID, info, started); err != nil {
+			return err
+		}
 	}
 	if err := seams.CheckAppend(r.runID, tail, info.Status == StatusFinished, r.after, r.evs); err != nil {
 		return err
@@ -635,12 +649,51 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.Observe(envs[i])
 	}
-	if err := writeInfo(index, info); err != nil {
+	raw, err := writeInfo(index, info)
+	if err != nil {
 		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
 	}
+	s.written.put(info, raw)
 	r.envs = envs
 	return nil
 }
+
+// writtenEntries remembers the index entry this process last wrote for each
+// run it appends to, so the next append of the run, finding those very
+// bytes in the index, need not decode the entry and look its last event up
+// again. Entries from a transaction that rolled back are not in the index,
+// so they never match; keys are never minted twice, so a match is exact.
+// It is used only inside write transactions, which bbolt serializes, and
+// bounded: a finished run's entry goes, and it is emptied when it holds
+// maxWrittenEntries.
+type writtenEntries struct {
+	entries map[string]writtenEntry
+}
+
+type writtenEntry struct {
+	info RunInfo
+	raw  []byte
+}
+
+const maxWrittenEntries = 1 << 14
+
+func (w *writtenEntries) holds(runID string, raw []byte) bool {
+	e, ok := w.entries[runID]
+	return ok && bytes.Equal(e.raw, raw)
+}
+
+func (w *writtenEntries) put(info RunInfo, raw []byte) {
+	if info.Status == StatusFinished {
+		delete(w.entries, info.RunID)
+		return
+	}
+	if w.entries == nil || len(w.entries) >= maxWrittenEntries {
+		w.entries = map[string]writtenEntry{}
+	}
+	w.entries[info.RunID] = writtenEntry{info, raw}
+}
+
+func (w *writtenEntries) forget(runID string) { delete(w.entries, runID) }
 
 // writeError is a failure after an append began writing: the transaction
 // holding it must roll back, or part of the append would be committed.
