@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // Resume continues the run req.RunID from its log after a crash or an
@@ -30,26 +33,52 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 		return events.RunResult{}, err
 	}
 	defer release()
-	stream, err := def.Store.Load(ctx, req.RunID)
-	verdict, err := recovery.ClassifyLoaded(req.RunID, stream, err)
+	// The stream is replayed as it is read — one event at a time from a
+	// store that can hand it over so (seams.RunScanner), so a long run is
+	// never held whole beside the state it rebuilds. Only a sound prefix is
+	// replayed, and only while the run's parameters match: the classifier
+	// has the last word once the whole stream was read.
+	m := newMachine(cfg)
+	c := recovery.NewClassifier(req.RunID)
+	var (
+		last ulid.ULID
+		diff []string
+	)
+	replay := func(env events.Envelope) error {
+		c.Add(env)
+		last = env.ID
+		if started, ok := env.Event.(events.RunStarted); ok && c.Events() == 1 {
+			diff = snapshotDiff(started.ParameterSnapshot, cfg.snapshot)
+		}
+		if c.Sound() && len(diff) == 0 && env.Kind != events.KindRunFinished {
+			m.step(input{kind: inReplayed, env: env})
+		}
+		return nil
+	}
+	var loadErr error
+	if sc, ok := def.Store.(seams.RunScanner); ok {
+		loadErr = sc.Scan(ctx, req.RunID, replay)
+	} else {
+		var stream []events.Envelope
+		stream, loadErr = def.Store.Load(ctx, req.RunID)
+		for _, env := range stream {
+			replay(env)
+		}
+	}
+	verdict, err := c.Verdict(loadErr)
 	switch {
 	case errors.Is(err, recovery.ErrCorrupt):
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, err)
 	case err != nil:
 		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
-	case len(stream) == 0:
+	case c.Events() == 0:
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, ErrRunNotFound)
 	}
 	if verdict.State == recovery.Finished {
 		return *verdict.Result, nil
 	}
-	started := stream[0].Event.(events.RunStarted) // Classify checked it
-	if diff := snapshotDiff(started.ParameterSnapshot, cfg.snapshot); len(diff) > 0 {
+	if len(diff) > 0 {
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w:\n  %s", req.RunID, ErrParametersChanged, strings.Join(diff, "\n  "))
 	}
-	m := newMachine(cfg)
-	for _, env := range stream {
-		m.step(input{kind: inReplayed, env: env})
-	}
-	return newDriver(def, req, stream[len(stream)-1].ID).drive(ctx, m)
+	return newDriver(def, req, last).drive(ctx, m)
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
@@ -119,6 +121,90 @@ func TestResumedRunSendsTheSameMessages(t *testing.T) {
 			if !reflect.DeepEqual(c.Messages, refCalls[c.CallIndex].Messages) {
 				t.Fatalf("crash %d: call %d sent other messages than the uninterrupted run", crash, c.CallIndex)
 			}
+		}
+	}
+}
+
+// loadOnly hides a store's Scan, so Resume reads the stream with Load.
+type loadOnly struct{ seams.RunStore }
+
+// TestResumeReadsAStreamAsItScansIt: Resume replays a store's stream as
+// it scans it (seams.RunScanner), holding no copy; crashed at every
+// transaction, it resumes exactly as when it loads the whole stream first —
+// the same result, the same messages to the model, the same events written.
+func TestResumeReadsAStreamAsItScansIt(t *testing.T) {
+	turns := seamstest.Replies(`TOOL count {"dir":"a"}`, "oops", `TOOL count {"dir":"b"}`, "FINAL: done")
+	reg := toolRegistry(t)
+	for crash := 1; ; crash++ {
+		var results []events.RunResult
+		var calls [][]seams.ModelCall
+		var streams [][]events.Kind
+		for _, scan := range []bool{true, false} {
+			store := openKV(t)
+			a := newAgent(store, "m", turns...)
+			a.req.Tools, a.req.Executor = reg, reg.Executor()
+			a.def.Store = &proptest.CrashingStore{Inner: store, After: crash}
+			if _, err := engine.Run(context.Background(), a.def, a.req); !errors.Is(err, proptest.ErrCrashed) {
+				if err == nil && !scan {
+					t.Fatal("the uncrashed run")
+				}
+				if err == nil {
+					if crash < 4 {
+						t.Fatalf("the run finished before crash point %d", crash)
+					}
+					return // every crash point done
+				}
+				t.Fatalf("crash %d: %v", crash, err)
+			}
+			a.def.Store = store
+			if !scan {
+				a.def.Store = loadOnly{store}
+			}
+			got, err := engine.Resume(context.Background(), a.def, a.req)
+			if err != nil {
+				t.Fatalf("crash %d (scan %t): %v", crash, scan, err)
+			}
+			stream, err := store.Load(context.Background(), "m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kinds []events.Kind
+			for _, env := range stream {
+				kinds = append(kinds, env.Kind)
+			}
+			results, calls, streams = append(results, got), append(calls, a.model.Calls()), append(streams, kinds)
+		}
+		if results[0].StopReason != results[1].StopReason || !proptest.SameSteps(results[0].Steps, results[1].Steps) {
+			t.Fatalf("crash %d: scanned %s/%d steps, loaded %s/%d", crash, results[0].StopReason, len(results[0].Steps), results[1].StopReason, len(results[1].Steps))
+		}
+		if len(calls[0]) != len(calls[1]) || !reflect.DeepEqual(streams[0], streams[1]) {
+			t.Fatalf("crash %d: %d model calls and %v scanned, %d and %v loaded", crash, len(calls[0]), streams[0], len(calls[1]), streams[1])
+		}
+		for i := range calls[0] {
+			if !reflect.DeepEqual(calls[0][i].Messages, calls[1][i].Messages) {
+				t.Fatalf("crash %d: call %d sent other messages when scanned", crash, i)
+			}
+		}
+	}
+}
+
+// TestResumeNamesCorruptionBeforeChangedParameters: a corrupt log whose run
+// also started with other parameters is refused as corrupt, read either way.
+func TestResumeNamesCorruptionBeforeChangedParameters(t *testing.T) {
+	for _, scan := range []bool{true, false} {
+		store := openKV(t)
+		failure := "x"
+		if _, err := store.Append(context.Background(), "bad", ulid.ULID{},
+			proptest.SoundStream("bad")[0],
+			events.ModelCallResult{RunID: "bad", ResultID: "orphan", Failure: &failure}); err != nil {
+			t.Fatal(err)
+		}
+		a := newAgent(store, "bad")
+		if !scan {
+			a.def.Store = loadOnly{store}
+		}
+		if _, err := engine.Resume(context.Background(), a.def, a.req); !errors.Is(err, recovery.ErrCorrupt) {
+			t.Fatalf("scan %t: got %v, want ErrCorrupt (the snapshot differs too)", scan, err)
 		}
 	}
 }

@@ -10,9 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams/seamstest"
@@ -26,9 +29,34 @@ const (
 	rssStoreEnv = "POLYLOOP_RSS_STORE" // its store file
 )
 
-// rssChild runs a scenario and prints its peak RSS in KiB.
+// rssChild runs a scenario and prints its peak RSS in KiB (VmHWM: the
+// store file's mapped pages count in it), the peak of its private memory
+// (RssAnon, sampled every millisecond) in KiB, and the characters of the
+// largest prompt its runs sent the model (what the model must see).
 func rssChild() int {
 	ctx := context.Background()
+	var anon atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		for {
+			if kib := statusKiB("RssAnon:"); kib > anon.Load() {
+				anon.Store(kib)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	var prompt atomic.Int64
+	seen := func(r events.RunResult) {
+		for _, st := range r.Steps {
+			if int64(st.PromptChars) > prompt.Load() {
+				prompt.Store(int64(st.PromptChars))
+			}
+		}
+	}
 	store, err := kv.Open(os.Getenv(rssStoreEnv), kv.Options{NoSync: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -42,10 +70,12 @@ func rssChild() int {
 		for w := range 64 {
 			wg.Go(func() {
 				def := engine.Definition{Model: benchModel{steps: 1000}, Parser: seamstest.Parser{}, Store: store}
-				if _, err := engine.Run(ctx, def, benchRequest(fmt.Sprint("c", w), 1000)); err != nil {
+				r, err := engine.Run(ctx, def, benchRequest(fmt.Sprint("c", w), 1000))
+				if err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					os.Exit(4)
 				}
+				seen(r)
 			})
 		}
 		wg.Wait()
@@ -58,20 +88,35 @@ func rssChild() int {
 		}
 	case "resume":
 		def := engine.Definition{Model: benchModel{steps: 10_000}, Parser: seamstest.Parser{}, Store: store}
-		if _, err := engine.Resume(ctx, def, benchRequest("long", 10_000)); err != nil {
+		r, err := engine.Resume(ctx, def, benchRequest("long", 10_000))
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "resume:", err)
 			return 4
 		}
+		seen(r)
 	}
+	close(done)
+	hwm := statusKiB("VmHWM:")
+	if hwm < 0 {
+		fmt.Fprintln(os.Stderr, "no VmHWM in /proc/self/status")
+		return 5
+	}
+	fmt.Println(hwm, max(anon.Load(), statusKiB("RssAnon:")), prompt.Load())
+	return 0
+}
+
+// statusKiB reads a "kB" field of /proc/self/status, or -1.
+func statusKiB(field string) int64 {
 	status, _ := os.ReadFile("/proc/self/status")
 	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			fmt.Println(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return 0
+		if v, ok := strings.CutPrefix(line, field); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err == nil {
+				return n
+			}
 		}
 	}
-	fmt.Fprintln(os.Stderr, "no VmHWM in /proc/self/status")
-	return 5
+	return -1
 }
 
 // BenchmarkPeakRSS reports the peak resident memory (MiB) of 64 concurrent
@@ -82,24 +127,33 @@ func BenchmarkPeakRSS(b *testing.B) {
 		b.Skip("needs /proc")
 	}
 	dir := b.TempDir()
-	child := func(scenario, store string) float64 {
+	// child runs scenario and returns its peak RSS and peak private
+	// memory in MiB, and its largest prompt in KiB of characters.
+	child := func(scenario, store string) (hwm, anon, prompt float64) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 		cmd.Env = append(os.Environ(), rssChildEnv+"="+scenario, rssStoreEnv+"="+store)
 		out, err := cmd.Output()
 		if err != nil {
 			b.Fatalf("%s: %v", scenario, err)
 		}
-		kib, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
-		if err != nil {
+		if _, err := fmt.Sscan(string(out), &hwm, &anon, &prompt); err != nil {
 			b.Fatalf("%s said %q", scenario, out)
 		}
-		return kib / 1024
+		return hwm / 1024, anon / 1024, prompt / 1024
 	}
 	long := filepath.Join(dir, "long.db")
 	child("build", long)
 	for b.Loop() {
-		b.ReportMetric(child("idle", filepath.Join(dir, "idle.db")), "idle-MiB")
-		b.ReportMetric(child("concurrent", filepath.Join(dir, fmt.Sprint("c", b.N, ".db"))), "64x1000-MiB")
-		b.ReportMetric(child("resume", long), "resume10000-MiB")
+		hwm, anon, _ := child("idle", filepath.Join(dir, "idle.db"))
+		b.ReportMetric(hwm, "idle-MiB")
+		b.ReportMetric(anon, "idle-anon-MiB")
+		hwm, anon, prompt := child("concurrent", filepath.Join(dir, fmt.Sprint("c", b.N, ".db")))
+		b.ReportMetric(hwm, "64x1000-MiB")
+		b.ReportMetric(anon, "64x1000-anon-MiB")
+		b.ReportMetric(prompt, "64x1000-prompt-KiB")
+		hwm, anon, prompt = child("resume", long)
+		b.ReportMetric(hwm, "resume10000-MiB")
+		b.ReportMetric(anon, "resume10000-anon-MiB")
+		b.ReportMetric(prompt, "resume10000-prompt-KiB")
 	}
 }

@@ -41,21 +41,37 @@ func (e *DamageError) Unwrap() error { return ErrDamaged }
 // The zero value with RunID set is ready.
 type StreamReader struct {
 	RunID string
-	envs  []Envelope
-	bad   []error
+	// Each, when set, receives every event that decodes, in order, and the
+	// reader keeps none of them (a store's Scan); an error it returns stops
+	// the reader (Stopped) and is what Stream returns.
+	Each func(Envelope) error
+	envs []Envelope
+	bad  []error
+	stop error
 }
 
 // Value decodes the value stored under id (Unmarshal, checksum included)
 // and returns the event, or false when it was a problem.
 func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
+	if r.stop != nil {
+		return Envelope{}, false
+	}
 	env, err := Unmarshal(r.RunID, id, b)
 	if err != nil {
 		r.bad = append(r.bad, err)
 		return Envelope{}, false
 	}
+	if r.Each != nil {
+		r.stop = r.Each(env)
+		return env, r.stop == nil
+	}
 	r.envs = append(r.envs, env)
 	return env, true
 }
+
+// Stopped reports whether Each stopped the reader: the store need read no
+// further.
+func (r *StreamReader) Stopped() bool { return r.stop != nil }
 
 // Problem records a problem the store found itself (an event missing, a
 // key that is not a ULID).
@@ -64,6 +80,9 @@ func (r *StreamReader) Problem(err error) { r.bad = append(r.bad, err) }
 // Stream returns the events that decoded, in order, and a *DamageError
 // listing every problem, or nil when there was none.
 func (r *StreamReader) Stream() ([]Envelope, error) {
+	if r.stop != nil {
+		return nil, r.stop
+	}
 	if len(r.bad) == 0 {
 		return r.envs, nil
 	}

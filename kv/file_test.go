@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/proptest"
 )
 
@@ -335,6 +336,13 @@ func TestAMissingEventIsDamage(t *testing.T) {
 				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") ||
 					which == "index names another tail" && !strings.Contains(err.Error(), "last event") {
 					t.Fatalf("Load after deleting the %s event: %d events, %v", which, len(got), err)
+				}
+				// Scan hands over the same events, then fails the same way.
+				n := 0
+				serr := s.Scan(context.Background(), "A", func(events.Envelope) error { n++; return nil })
+				var damage *events.DamageError
+				if n != len(got) || serr == nil || serr.Error() != err.Error() || !errors.As(serr, &damage) {
+					t.Fatalf("Scan: %d events (Load %d), %v", n, len(got), serr)
 				}
 			})
 		}

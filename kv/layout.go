@@ -119,7 +119,9 @@ func (l bucketLayout) read(tx *bolt.Tx, runID string, _ RunInfo, _ bool, r *even
 			continue
 		}
 		last = ulid.ULID(k)
-		r.Value(last, v) // decoding copies what it keeps
+		if r.Value(last, v); r.Stopped() { // decoding copies what it keeps
+			break
+		}
 	}
 	return n, last, true
 }
@@ -297,7 +299,7 @@ func (l logLayout) read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r
 			r.Problem(fmt.Errorf("the chain starts at %s, the run's first event on record is %x: events are missing", chain[len(chain)-1].key, first))
 		}
 	}
-	for i := len(chain) - 1; i >= 0; i-- {
+	for i := len(chain) - 1; i >= 0 && !r.Stopped(); i-- {
 		r.Value(chain[i].key, chain[i].sealed) // decoding copies what it keeps
 	}
 	if len(chain) > 0 {

@@ -709,13 +709,29 @@ func (e *writeError) Unwrap() error { return e.err }
 // with an error wrapping ErrCorrupt and an *events.DamageError listing
 // every problem.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	return s.read(ctx, runID, nil)
+}
+
+var _ seams.RunScanner = (*Store)(nil)
+
+// Scan implements seams.RunScanner: Load's reading and checks, handing the
+// events to fn one at a time and keeping none, inside one read transaction
+// (fn should not wait on this store's writers: a writer that must grow the
+// file waits for the read to end).
+func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
+	_, err := s.read(ctx, runID, fn)
+	return err
+}
+
+// read is Load, or with each set Scan.
+func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	r := events.StreamReader{RunID: runID}
+	r := events.StreamReader{RunID: runID, Each: each}
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			index := tx.Bucket(indexBucket)
@@ -751,7 +767,10 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 		return nil, fmt.Errorf("kv: load run %q: %w", runID, err)
 	}
 	out, err := r.Stream()
-	if err != nil {
+	switch {
+	case r.Stopped():
+		return nil, err // fn's own error, as it returned it
+	case err != nil:
 		return out, fmt.Errorf("kv: load run %q: %w: %w", runID, ErrCorrupt, err)
 	}
 	return out, nil

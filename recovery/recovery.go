@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/events"
 )
 
@@ -125,7 +127,38 @@ func (v Verdict) Steps() []events.StepRecord { return append([]events.StepRecord
 // Classify checks runID's stream and places its tail in the recovery table.
 // A log that breaks a structural rule yields a *CorruptError.
 func Classify(runID string, stream []events.Envelope) (Verdict, error) {
-	w := walk(runID, stream)
+	return walk(runID, stream).verdict()
+}
+
+// A Classifier is Classify one event at a time, for a reader that streams a
+// run's events instead of holding them (a resume of a long run): Add each
+// event in order, then Verdict. Sound reports whether the events added so
+// far break no rule, so a caller can stop relying on them at the first
+// that does.
+type Classifier struct{ w walker }
+
+// NewClassifier classifies runID's stream.
+func NewClassifier(runID string) *Classifier { return &Classifier{walker{runID: runID}} }
+
+// Add checks the stream's next event.
+func (c *Classifier) Add(env events.Envelope) { c.w.add(env) }
+
+// Sound reports whether the events added so far break no structural rule.
+func (c *Classifier) Sound() bool { return len(c.w.reasons) == 0 }
+
+// Events is how many events were added.
+func (c *Classifier) Events() int { return c.w.n }
+
+// Verdict is Classify's result for the events added; loadErr is what the
+// store's read returned, as for ClassifyLoaded.
+func (c *Classifier) Verdict(loadErr error) (Verdict, error) {
+	if loadErr == nil {
+		return c.w.verdict()
+	}
+	return Verdict{}, damaged(c.w.runID, loadErr, c.w.reasons)
+}
+
+func (w *walker) verdict() (Verdict, error) {
 	if len(w.reasons) > 0 {
 		return Verdict{}, &CorruptError{RunID: w.runID, Reasons: w.reasons}
 	}
@@ -159,16 +192,22 @@ func ClassifyLoaded(runID string, stream []events.Envelope, loadErr error) (Verd
 	if loadErr == nil {
 		return Classify(runID, stream)
 	}
+	return Verdict{}, damaged(runID, loadErr, walk(runID, stream).reasons)
+}
+
+// damaged is the error for a read that returned loadErr: a *CorruptError
+// listing the damage and the structural reasons of what did decode when
+// loadErr wraps an *events.DamageError; loadErr itself otherwise.
+func damaged(runID string, loadErr error, structural []string) error {
 	var damage *events.DamageError
 	if !errors.As(loadErr, &damage) {
-		return Verdict{}, loadErr
+		return loadErr
 	}
-	reasons := make([]string, 0, len(damage.Problems))
+	reasons := make([]string, 0, len(damage.Problems)+len(structural))
 	for _, p := range damage.Problems {
 		reasons = append(reasons, "damaged: "+p.Error())
 	}
-	reasons = append(reasons, walk(runID, stream).reasons...)
-	return Verdict{}, &CorruptError{RunID: runID, Reasons: reasons}
+	return &CorruptError{RunID: runID, Reasons: append(reasons, structural...)}
 }
 
 // Check reports whether runID's stream is structurally sound: nil, or a
@@ -192,6 +231,8 @@ type walker struct {
 	action   *events.Intent
 	reasons  []string
 	usage    events.UsageTotals // of the replies
+	n        int                // events added
+	prev     ulid.ULID          // the last event's key
 }
 
 func (w *walker) state() State {
@@ -216,71 +257,77 @@ func (w *walker) state() State {
 // event must name that run.
 func walk(runID string, stream []events.Envelope) *walker {
 	w := &walker{runID: runID}
-	bad := func(i int, env events.Envelope, format string, a ...any) {
-		w.reasons = append(w.reasons, fmt.Sprintf("event %d (%s %s): %s", i, env.Kind, env.ID, fmt.Sprintf(format, a...)))
-	}
-	if len(stream) == 0 {
-		return w
-	}
-	if _, ok := stream[0].Event.(events.RunStarted); !ok {
-		bad(0, stream[0], "the first event is not run_started")
-	}
-	for i, env := range stream {
-		if env.Event == nil {
-			bad(i, env, "no event")
-			continue
-		}
-		if id := events.RunIDOf(env.Event); id != w.runID {
-			bad(i, env, "belongs to run %q, not %q", id, w.runID)
-		}
-		if err := env.Event.Validate(); err != nil {
-			bad(i, env, "invalid record: %v", err)
-		}
-		if i > 0 && env.ID.Compare(stream[i-1].ID) <= 0 {
-			bad(i, env, "key is not after the previous event's key")
-		}
-		if w.finished {
-			bad(i, env, "follows run_finished")
-			continue
-		}
-		switch ev := env.Event.(type) {
-		case events.RunStarted:
-			if i > 0 {
-				bad(i, env, "a second run_started")
-			}
-			w.started = true
-		case events.Intent:
-			w.intent(i, env, ev, bad)
-		case events.ModelCallResult:
-			switch {
-			case w.model == nil:
-				bad(i, env, "model result %q without a model intent", ev.ResultID)
-			case w.reply:
-				bad(i, env, "a second model result for step %d", w.step)
-			case ev.ResultID != w.model.ResultID:
-				bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
-			default:
-				w.reply, w.failed = true, ev.Failure != nil
-				if ev.Reply != nil {
-					w.usage.Add(ev.Reply.Usage)
-				}
-			}
-		case events.StepCompleted:
-			w.stepCompleted(i, env, ev, bad)
-		case events.RunFinished:
-			if w.model != nil {
-				switch ev.Result.StopReason {
-				case events.StopCancelled, events.StopResumeStateUnknown:
-					// A run may stop with a side effect in doubt.
-				default:
-					bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, w.step)
-				}
-			}
-			r := ev.Result
-			w.finished, w.result = true, &r
-		}
+	for _, env := range stream {
+		w.add(env)
 	}
 	return w
+}
+
+func (w *walker) bad(i int, env events.Envelope, format string, a ...any) {
+	w.reasons = append(w.reasons, fmt.Sprintf("event %d (%s %s): %s", i, env.Kind, env.ID, fmt.Sprintf(format, a...)))
+}
+
+// add checks the stream's next event against what came before it.
+func (w *walker) add(env events.Envelope) {
+	i, bad := w.n, w.bad
+	w.n++
+	defer func() { w.prev = env.ID }()
+	if _, ok := env.Event.(events.RunStarted); !ok && i == 0 {
+		bad(0, env, "the first event is not run_started")
+	}
+	if env.Event == nil {
+		bad(i, env, "no event")
+		return
+	}
+	if id := events.RunIDOf(env.Event); id != w.runID {
+		bad(i, env, "belongs to run %q, not %q", id, w.runID)
+	}
+	if err := env.Event.Validate(); err != nil {
+		bad(i, env, "invalid record: %v", err)
+	}
+	if i > 0 && env.ID.Compare(w.prev) <= 0 {
+		bad(i, env, "key is not after the previous event's key")
+	}
+	if w.finished {
+		bad(i, env, "follows run_finished")
+		return
+	}
+	switch ev := env.Event.(type) {
+	case events.RunStarted:
+		if i > 0 {
+			bad(i, env, "a second run_started")
+		}
+		w.started = true
+	case events.Intent:
+		w.intent(i, env, ev, bad)
+	case events.ModelCallResult:
+		switch {
+		case w.model == nil:
+			bad(i, env, "model result %q without a model intent", ev.ResultID)
+		case w.reply:
+			bad(i, env, "a second model result for step %d", w.step)
+		case ev.ResultID != w.model.ResultID:
+			bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
+		default:
+			w.reply, w.failed = true, ev.Failure != nil
+			if ev.Reply != nil {
+				w.usage.Add(ev.Reply.Usage)
+			}
+		}
+	case events.StepCompleted:
+		w.stepCompleted(i, env, ev, bad)
+	case events.RunFinished:
+		if w.model != nil {
+			switch ev.Result.StopReason {
+			case events.StopCancelled, events.StopResumeStateUnknown:
+				// A run may stop with a side effect in doubt.
+			default:
+				bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, w.step)
+			}
+		}
+		r := ev.Result
+		w.finished, w.result = true, &r
+	}
 }
 
 func (w *walker) intent(i int, env events.Envelope, ev events.Intent, bad func(int, events.Envelope, string, ...any)) {

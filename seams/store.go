@@ -180,6 +180,17 @@ type RunReader interface {
 	Load(ctx context.Context, runID string) ([]events.Envelope, error)
 }
 
+// RunScanner is implemented by stores that can hand a run's stream over one
+// event at a time, so a reader of a long run (engine.Resume) need not hold
+// it whole. Scan calls fn with each event in order, with Load's checks:
+// the error is what Load's would be (an *events.DamageError for damage,
+// found after the events that decoded were handed over), or fn's own,
+// which stops the scan. kv.Store implements it; Resume uses Load on stores
+// that do not.
+type RunScanner interface {
+	Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error
+}
+
 // RunStatus is a run's state as a store's index knows it.
 type RunStatus string
 
