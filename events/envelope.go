@@ -94,11 +94,12 @@ type wireEnvelope struct {
 	Payload       msgpack.RawMessage `msgpack:"payload"`
 	PayloadZ      []byte             `msgpack:"payload_z"`  // the payload compressed (zstd), written by 1.2
 	PayloadS2     []byte             `msgpack:"payload_s2"` // the payload compressed (S2 block), since 1.3
+	Refs          *stepRefs          `msgpack:"refs"`       // fields derived from others (refs.go), since 1.3
 	CRC           *uint32            `msgpack:"crc"`
 }
 
 // Compression: a payload of at least compressMin bytes is stored
-// S2-compressed (key payload_s2, since 1.3; s2.EncodeBetter) when that saves at least an
+// S2-compressed (key payload_s2, since 1.3) when that saves at least an
 // eighth of it. A step's texts repeat inside its StepCompleted (the reply
 // as raw_output and action, the observation in the outcome and the
 // record), and LLM text compresses besides; the checksum covers the
@@ -106,12 +107,13 @@ type wireEnvelope struct {
 //
 // Why S2 and not zstd, which 1.2 wrote (payload_z, still read): on a
 // step's texts (a 2 KB reply and a 4 KB observation, repeated as a
-// StepCompleted repeats them) zstd's fastest level took 45 µs for 3,898
-// bytes, S2's EncodeBetter 20 µs for 4,823 (its plain Encode 10 µs for
-// 5,253), and at 64 concurrent runs on 2 cores zstd was 44 % of the
-// process's CPU — the CPU the store's commits need. EncodeBetter keeps a
-// step at 1.20x its payload on disk, within 1.3x, where plain Encode gave
-// 1.36x (BenchmarkStorageBytes).
+// StepCompleted repeated them before 1.3's references) zstd's fastest level
+// took 45 µs for 3,898 bytes, S2's Encode 10 µs for 5,253 (EncodeBetter 20
+// µs for 4,823), and at 64 concurrent runs on 2 cores zstd was 44 % of the
+// process's CPU — the CPU the store's commits need. With references
+// (refs.go) a step stores each text once, and S2's Encode keeps it at 0.94x
+// its payload on disk (EncodeBetter: 0.93x), so the cheaper encoder is used
+// (BenchmarkStorageBytes, BenchmarkConcurrentTextRuns).
 const (
 	compressMin = 1024
 	maxPayload  = 64 << 20
@@ -188,7 +190,14 @@ func Marshal(ev Event) ([]byte, error) { return AppendMarshal(nil, ev) }
 
 // AppendMarshal is Marshal appending the value to dst, so a store can
 // encode behind a header of its own without copying the value again.
-func AppendMarshal(dst []byte, ev Event) ([]byte, error) {
+func AppendMarshal(dst []byte, ev Event) ([]byte, error) { return AppendMarshalAfter(dst, ev, nil) }
+
+// AppendMarshalAfter is AppendMarshal for a writer that knows the content
+// of the latest model reply before ev in its run's stream (lastReply; nil
+// when unknown or none): a StepCompleted repeating it may refer to it
+// instead of storing it again (refs.go). The value must then be stored
+// right where the writer said, which a store's expected-tail check ensures.
+func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error) {
 	if ev == nil {
 		return nil, errors.New("events: marshal of a nil event")
 	}
@@ -198,20 +207,17 @@ func AppendMarshal(dst []byte, ev Event) ([]byte, error) {
 	p := encoders.Get().(*pooledEncoder)
 	defer encoders.Put(p)
 	p.buf.Reset()
-	p.payloadBuf.Reset()
-	if err := p.payload.Encode(ev); err != nil {
+	payloadKey, payload, refs, err := p.encodePayload(ev, lastReply)
+	if err != nil {
 		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
 	}
-	raw := p.payloadBuf.Bytes()
-	payloadKey, payload := "payload", any(msgpack.RawMessage(raw))
-	if len(raw) >= compressMin {
-		if z := s2.EncodeBetter(nil, raw); len(z) <= len(raw)-len(raw)/8 {
-			payloadKey, payload = "payload_s2", z
-		}
-	}
 	// The fields in a fixed order, the checksum last.
-	err := p.enc.EncodeMapLen(4)
-	for _, f := range []any{"kind", string(ev.Kind()), "schema_version", CurrentSchemaVersion, payloadKey, payload} {
+	fields := []any{"kind", string(ev.Kind()), "schema_version", CurrentSchemaVersion, payloadKey, payload}
+	if refs != nil {
+		fields = append(fields, "refs", refs)
+	}
+	err = p.enc.EncodeMapLen(len(fields)/2 + 1)
+	for _, f := range fields {
 		if err == nil {
 			err = p.enc.Encode(f)
 		}
@@ -226,11 +232,41 @@ func AppendMarshal(dst []byte, ev Event) ([]byte, error) {
 	return append(dst, p.buf.Bytes()...), nil
 }
 
+// encodePayload encodes ev's payload, compressed when that pays, and with
+// references in place of what can be derived (refs.go) when the result is
+// compressed; otherwise without any.
+func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, payload any, refs *stepRefs, err error) {
+	deduped, refs := withRefs(ev, lastReply)
+	for {
+		p.payloadBuf.Reset()
+		if err := p.payload.Encode(deduped); err != nil {
+			return "", nil, nil, err
+		}
+		raw := p.payloadBuf.Bytes()
+		if len(raw) >= compressMin {
+			if z := s2.Encode(nil, raw); len(z) <= len(raw)-len(raw)/8 {
+				return "payload_s2", z, refs, nil
+			}
+		}
+		if refs == nil {
+			return "payload", msgpack.RawMessage(raw), nil, nil
+		}
+		deduped, refs = ev, nil // refs only beside a compressed payload
+	}
+}
+
 // Unmarshal decodes a stored value written under key id in runID's stream,
 // verifying its checksum. Every failure is a *DecodeError; it never panics
 // on arbitrary bytes. A value of schema 1.0, from before the checksum, is
 // read without one.
 func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
+	return unmarshal(runID, id, b, false, nil)
+}
+
+// unmarshal is Unmarshal; inStream says the caller decodes the run's
+// stream in order and lastReply is the latest reply's content before this
+// value (nil: none), for references to it.
+func unmarshal(runID string, id ulid.ULID, b []byte, inStream bool, lastReply *string) (env Envelope, err error) {
 	fail := func(kind Kind, sentinel error, detail string) (Envelope, error) {
 		return Envelope{}, &DecodeError{ID: id, Kind: kind, Err: sentinel, Detail: detail}
 	}
@@ -290,12 +326,23 @@ func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
 		}
 		w.Payload = raw
 	}
-	ev, err := decodePayload(kind, w.Payload)
+	ev, err := decodePayload(kind, w.Payload, w.Refs == nil)
 	if err != nil {
 		if errors.Is(err, ErrUnknownKind) {
 			return fail(kind, ErrUnknownKind, fmt.Sprintf("%q", w.Kind))
 		}
 		return fail(kind, ErrPayloadMismatch, err.Error())
+	}
+	if w.Refs != nil {
+		if w.PayloadS2 == nil {
+			return fail(kind, ErrMalformed, "refs beside a payload that is not compressed")
+		}
+		if ev, err = w.Refs.resolve(ev, inStream, lastReply); err != nil {
+			if errors.Is(err, ErrNeedsStream) {
+				return fail(kind, ErrNeedsStream, "step.raw_output is the latest model reply before it")
+			}
+			return fail(kind, ErrMalformed, "refs: "+err.Error())
+		}
 	}
 	return Envelope{ID: id, Kind: kind, SchemaVersion: *w.SchemaVersion, Event: ev}, nil
 }
@@ -445,7 +492,7 @@ func majorOf(v string) (int, error) {
 	return n, nil
 }
 
-func decodePayload(kind Kind, raw msgpack.RawMessage) (Event, error) {
+func decodePayload(kind Kind, raw msgpack.RawMessage, validate bool) (Event, error) {
 	if len(raw) == 0 || (len(raw) == 1 && raw[0] == 0xc0) {
 		if !kindKnown(kind) {
 			return nil, ErrUnknownKind
@@ -472,6 +519,9 @@ func decodePayload(kind Kind, raw msgpack.RawMessage) (Event, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !validate {
+		return ev, nil // validated once its references are filled in
 	}
 	if err := ev.Validate(); err != nil {
 		return nil, err

@@ -118,6 +118,7 @@ type Store struct {
 	clock    func() time.Time // time.Now; tests set a clock that is off
 	layout   layout           // the file's, by its format version
 	written  writtenEntries   // index entries this process wrote; used only inside write transactions
+	replies  replies          // each run's latest reply, as of its tail
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
@@ -144,6 +145,7 @@ type appendRequest struct {
 	wake  chan struct{}
 	lead  bool
 	taken bool // in a group being committed: it can no longer be withdrawn
+	reply latestReply // the run's latest reply once the events are appended
 }
 
 // Open opens the store file at path, or creates it with mode 0600 (read-
@@ -477,14 +479,23 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 		return nil, err
 	}
 	req := &appendRequest{runID: runID, after: after, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
+	// The run's latest reply as of the tail named, when this process knows
+	// it: a StepCompleted repeating it refers to it (events' refs). The
+	// tail check puts the events right after that tail, or nowhere.
+	req.reply = s.replies.at(runID, after)
 	for i, ev := range evs {
 		// Encoded (and compressed) here, by the appender, not by the leader
 		// inside the transaction.
-		b, err := events.AppendMarshal(make([]byte, logHeader, logHeader+256), ev)
+		var reply *string
+		if req.reply.known {
+			reply = req.reply.content
+		}
+		b, err := events.AppendMarshalAfter(make([]byte, logHeader, logHeader+256), ev, reply)
 		if err != nil {
 			return nil, err
 		}
 		req.vals[i] = b
+		req.reply = req.reply.after(ev)
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -573,6 +584,11 @@ func (s *Store) commit(group []*appendRequest) {
 	})
 	if err == nil {
 		s.txCount.Add(1)
+		for _, r := range group {
+			if r.err == nil {
+				s.replies.set(r.runID, r.envs[len(r.envs)-1].ID, r.reply, r.envs[len(r.envs)-1].Kind == events.KindRunFinished)
+			}
+		}
 	}
 	s.mu.Lock()
 	for _, r := range group {
@@ -656,6 +672,69 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	s.written.put(info, raw)
 	r.envs = envs
 	return nil
+}
+
+// replies remembers, for each run this process appended to, the content of
+// its latest model reply as of its tail, so a StepCompleted appended right
+// after that tail may refer to the reply instead of storing it again. A
+// run's entry is replaced on each append it commits and dropped when it
+// finishes; it is emptied at maxWrittenEntries.
+type replies struct {
+	mu sync.Mutex
+	m  map[string]replyAt
+}
+
+type replyAt struct {
+	tail  ulid.ULID
+	reply latestReply
+}
+
+// latestReply is what a stream holds as its latest reply: known false when
+// this process cannot tell; content nil when the latest model call failed
+// or there was none.
+type latestReply struct {
+	known   bool
+	content *string
+}
+
+// after is the latest reply once ev is appended.
+func (l latestReply) after(ev events.Event) latestReply {
+	mr, ok := ev.(events.ModelCallResult)
+	if !ok {
+		return l
+	}
+	if mr.Reply == nil {
+		return latestReply{known: true}
+	}
+	content := mr.Reply.Content
+	return latestReply{known: true, content: &content}
+}
+
+// at is runID's latest reply as of tail: for a run never written (a zero
+// tail) there is none; unknown when this process did not append tail.
+func (r *replies) at(runID string, tail ulid.ULID) latestReply {
+	if tail == (ulid.ULID{}) {
+		return latestReply{known: true}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.m[runID]; ok && e.tail == tail {
+		return e.reply
+	}
+	return latestReply{}
+}
+
+func (r *replies) set(runID string, tail ulid.ULID, reply latestReply, finished bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if finished {
+		delete(r.m, runID)
+		return
+	}
+	if r.m == nil || len(r.m) >= maxWrittenEntries {
+		r.m = map[string]replyAt{}
+	}
+	r.m[runID] = replyAt{tail, reply}
 }
 
 // writtenEntries remembers the index entry this process last wrote for each

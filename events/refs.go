@@ -1,0 +1,120 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// References (schema 1.3): a StepCompleted repeats its step's texts — the
+// model's reply as step.raw_output (stored already in the step's
+// model_call_result) and, within it, as step.action; the observation in
+// the outcome and, wrapped in the observation template, as
+// step.observation. A large StepCompleted may store those fields empty and
+// say in its envelope's "refs" how they are derived:
+//
+//   - raw_output_is_reply: step.raw_output is the content of the reply of
+//     the latest model_call_result before this event in the run's stream;
+//   - observation_wraps [prefix, suffix]: step.observation is prefix +
+//     action_outcome.observation + suffix;
+//   - action_at [offset, length]: step.action is those bytes of
+//     step.raw_output.
+//
+// Readers see the fields filled in, exactly as written. Refs appear only
+// in values whose payload is compressed (payload_s2), which no reader
+// before 1.3 reads, so an older reader refuses such a value instead of
+// misreading it. raw_output_is_reply needs the stream: Unmarshal alone
+// refuses it (ErrNeedsStream); StreamReader fills it in. Only a writer that
+// knows the run's latest reply uses it (kv does, AppendMarshalAfter).
+type stepRefs struct {
+	RawOutputIsReply bool     `msgpack:"raw_output_is_reply,omitempty"`
+	ObservationWraps []string `msgpack:"observation_wraps,omitempty"`
+	ActionAt         []int    `msgpack:"action_at,omitempty"`
+}
+
+// refMin is the shortest text worth a reference.
+const refMin = 64
+
+// ErrNeedsStream: a value refers to an earlier event of its run and was
+// decoded on its own; decode it in its stream (StreamReader).
+var ErrNeedsStream = errors.New("events: the value refers to an earlier event of its stream")
+
+// withRefs returns ev with what can be derived replaced by references, and
+// the references; refs is nil when there is nothing to refer to. lastReply
+// is the content of the latest reply before ev in its stream, if known.
+func withRefs(ev Event, lastReply *string) (Event, *stepRefs) {
+	sc, ok := ev.(StepCompleted)
+	if !ok {
+		return ev, nil
+	}
+	var refs stepRefs
+	step := sc.Step
+	if step.Action != nil && len(*step.Action) >= refMin {
+		if i := strings.Index(step.RawOutput, *step.Action); i >= 0 {
+			refs.ActionAt = []int{i, len(*step.Action)}
+			empty := ""
+			step.Action = &empty
+		}
+	}
+	if lastReply != nil && len(step.RawOutput) >= refMin && *lastReply == step.RawOutput {
+		refs.RawOutputIsReply = true
+		step.RawOutput = ""
+	}
+	if o := sc.ActionOutcome; o != nil && len(o.Observation) >= refMin {
+		if i := strings.Index(step.Observation, o.Observation); i >= 0 {
+			refs.ObservationWraps = []string{step.Observation[:i], step.Observation[i+len(o.Observation):]}
+			step.Observation = ""
+		}
+	}
+	if !refs.RawOutputIsReply && refs.ObservationWraps == nil && refs.ActionAt == nil {
+		return ev, nil
+	}
+	sc.Step = step
+	return sc, &refs
+}
+
+// resolve fills in what refs derive. lastReply is the latest reply's
+// content before the event in its stream, nil when unknown or none.
+func (refs *stepRefs) resolve(ev Event, inStream bool, lastReply *string) (Event, error) {
+	sc, ok := ev.(StepCompleted)
+	if !ok {
+		return nil, fmt.Errorf("refs on a %s, which has none", ev.Kind())
+	}
+	step := sc.Step
+	if refs.RawOutputIsReply {
+		switch {
+		case !inStream:
+			return nil, ErrNeedsStream
+		case lastReply == nil:
+			return nil, errors.New("step.raw_output refers to the latest model reply, and the stream holds none before it")
+		case step.RawOutput != "":
+			return nil, errors.New("step.raw_output is both stored and referred to")
+		}
+		step.RawOutput = *lastReply
+	}
+	if w := refs.ObservationWraps; w != nil {
+		switch {
+		case len(w) != 2:
+			return nil, fmt.Errorf("observation_wraps has %d parts, not 2", len(w))
+		case sc.ActionOutcome == nil:
+			return nil, errors.New("step.observation wraps an outcome's observation, and there is no outcome")
+		case step.Observation != "":
+			return nil, errors.New("step.observation is both stored and referred to")
+		}
+		step.Observation = w[0] + sc.ActionOutcome.Observation + w[1]
+	}
+	if at := refs.ActionAt; at != nil {
+		switch {
+		case len(at) != 2:
+			return nil, fmt.Errorf("action_at has %d parts, not 2", len(at))
+		case at[0] < 0 || at[1] < 0 || at[0] > len(step.RawOutput) || at[1] > len(step.RawOutput)-at[0]:
+			return nil, fmt.Errorf("action_at [%d, %d] is outside step.raw_output's %d bytes", at[0], at[1], len(step.RawOutput))
+		case step.Action == nil || *step.Action != "":
+			return nil, errors.New("step.action is both stored and referred to")
+		}
+		action := step.RawOutput[at[0] : at[0]+at[1]]
+		step.Action = &action
+	}
+	sc.Step = step
+	return sc, sc.Validate()
+}

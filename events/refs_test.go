@@ -1,0 +1,161 @@
+package events_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+)
+
+// bigStep is a step of the sound stream whose reply, action and
+// observation are large enough to be referred to: the model result, then
+// its StepCompleted.
+func bigStep() (events.ModelCallResult, events.StepCompleted) {
+	stream := proptest.SoundStream("run-1")
+	mr, sc := stream[2].(events.ModelCallResult), stream[4].(events.StepCompleted)
+	// Text that compresses like text, not like one repeated phrase.
+	var rb, ob strings.Builder
+	for i := range 60 {
+		fmt.Fprintf(&rb, "step %d looks at f%x.go, ", i, i*7919%4093)
+		fmt.Fprintf(&ob, "-rw-r--r-- 1 agent %5d Nov %2d f%x.go\n", i*7919%65521, i%30+1, i*104729%4099)
+	}
+	reply, obs := "TOOL list "+rb.String(), ob.String()
+	action := reply[len("TOOL "):]
+	r := *mr.Reply
+	r.Content = reply
+	mr.Reply = &r
+	out := *sc.ActionOutcome
+	out.Observation = obs
+	sc.ActionOutcome = &out
+	sc.Step.RawOutput, sc.Step.Action, sc.Step.Observation = reply, &action, "Observation: "+obs+"\n(end)"
+	return mr, sc
+}
+
+// TestAStepRefersToWhatItRepeats: a StepCompleted written after its reply
+// stores the reply, its action and its wrapped observation once — as
+// references to the reply event and to its own outcome — and decodes in
+// its stream to exactly the record written; on its own it is refused
+// (ErrNeedsStream), not misread.
+func TestAStepRefersToWhatItRepeats(t *testing.T) {
+	mr, sc := bigStep()
+	ids := []ulid.ULID{ulid.MustParse("01J00000000000000000000001"), ulid.MustParse("01J00000000000000000000002")}
+	plain, err := events.Marshal(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := [][]byte{nil, nil}
+	if stored[0], err = events.Marshal(mr); err != nil {
+		t.Fatal(err)
+	}
+	if stored[1], err = events.AppendMarshalAfter(nil, sc, &mr.Reply.Content); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range stored {
+		if err := events.Seal(v, "run-1", ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Contains(stored[1], []byte("raw_output_is_reply")) || len(stored[1]) >= len(plain)-100 {
+		t.Fatalf("the step stored in %d bytes with references, %d without", len(stored[1]), len(plain))
+	}
+	r := events.StreamReader{RunID: "run-1"}
+	for i, v := range stored {
+		r.Value(ids[i], v)
+	}
+	got, err := r.Stream()
+	if err != nil || len(got) != 2 || !reflect.DeepEqual(got[1].Event, events.Event(sc)) {
+		t.Fatalf("decoded in its stream: %v\n got %#v\nwant %#v", err, got, sc)
+	}
+	if _, err := events.Unmarshal("run-1", ids[1], stored[1]); !errors.Is(err, events.ErrNeedsStream) {
+		t.Fatalf("decoded alone: %v, want ErrNeedsStream", err)
+	}
+	// Without the reply before it (or after a failed call) it is damage.
+	alone := events.StreamReader{RunID: "run-1"}
+	alone.Value(ids[1], stored[1])
+	if _, err := alone.Stream(); err == nil || !strings.Contains(err.Error(), "holds none") {
+		t.Fatalf("referring to a reply the stream lacks: %v", err)
+	}
+}
+
+// TestReferencesAreUsedOnlyWhenTheyHold: a reply that differs from the
+// step's raw output, a writer that does not know the reply, texts too short
+// to bother, and a value that stays uncompressed carry no reference to the
+// reply; each value decodes alone to what was written.
+func TestReferencesAreUsedOnlyWhenTheyHold(t *testing.T) {
+	mr, sc := bigStep()
+	other := "another reply " + mr.Reply.Content
+	small := proptest.SoundStream("run-1")[4].(events.StepCompleted)
+	for name, c := range map[string]struct {
+		ev    events.StepCompleted
+		reply *string
+	}{
+		"another reply":       {sc, &other},
+		"reply unknown":       {sc, nil},
+		"a small step":        {small, &small.Step.RawOutput},
+		"reply and step tiny": {small, nil},
+	} {
+		v, err := events.AppendMarshalAfter(nil, c.ev, c.reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(v, []byte("raw_output_is_reply")) {
+			t.Errorf("%s: refers to the reply", name)
+		}
+		if c.ev.Step.RawOutput == small.Step.RawOutput && bytes.Contains(v, []byte("refs")) {
+			t.Errorf("%s: a value too small to compress carries refs", name)
+		}
+		id := ulid.MustParse("01J00000000000000000000003")
+		if err := events.Seal(v, "run-1", id); err != nil {
+			t.Fatal(err)
+		}
+		env, err := events.Unmarshal("run-1", id, v)
+		if err != nil || !reflect.DeepEqual(env.Event, events.Event(c.ev)) {
+			t.Errorf("%s: decoded %v (%v)", name, env.Event, err)
+		}
+	}
+}
+
+// TestBrokenReferencesAreMalformed: refs that contradict the payload they
+// sit beside — an action outside the raw output, a field both stored and
+// referred to, refs on another kind, refs beside an uncompressed payload —
+// are malformed values, never a panic or a misread.
+func TestBrokenReferencesAreMalformed(t *testing.T) {
+	_, sc := bigStep()
+	stored := sc
+	empty := ""
+	stored.Step.Action = &empty
+	for name, fields := range map[string][]any{
+		"action outside raw output":  {"kind", "step_completed", "schema_version", "1.3", "payload_s2", s2Of(t, stored), "refs", map[string]any{"action_at": []int{0, 1 << 20}}},
+		"negative action offset":     {"kind", "step_completed", "schema_version", "1.3", "payload_s2", s2Of(t, stored), "refs", map[string]any{"action_at": []int{-1, 3}}},
+		"action stored and referred": {"kind", "step_completed", "schema_version", "1.3", "payload_s2", s2Of(t, sc), "refs", map[string]any{"action_at": []int{0, 3}}},
+		"observation stored and referred": {"kind", "step_completed", "schema_version", "1.3", "payload_s2", s2Of(t, sc),
+			"refs", map[string]any{"observation_wraps": []string{"", ""}}},
+		"wraps of one part": {"kind", "step_completed", "schema_version", "1.3", "payload_s2", s2Of(t, stored), "refs", map[string]any{"observation_wraps": []string{""}}},
+		"refs on an intent": {"kind", "intent", "schema_version", "1.3", "payload_s2", s2Of(t, proptest.SoundStream("run-1")[1]),
+			"refs", map[string]any{"action_at": []int{0, 0}}},
+		"refs beside a plain payload": {"kind", "step_completed", "schema_version", "1.3", "payload", stored, "refs", map[string]any{"action_at": []int{0, 3}}},
+	} {
+		if _, err := events.Unmarshal("run-1", goldenID, rawValue(t, fields...)); !errors.Is(err, events.ErrMalformed) && !errors.Is(err, events.ErrPayloadMismatch) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// s2Of is ev's payload as a 1.3 writer compresses it.
+func s2Of(t *testing.T, ev events.Event) []byte {
+	t.Helper()
+	raw, err := msgpack.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s2.EncodeBetter(nil, raw)
+}
