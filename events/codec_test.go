@@ -463,6 +463,12 @@ func TestLargePayloadsAreStoredCompressed(t *testing.T) {
 // fields, then the checksum.
 func rawValue(t *testing.T, fields ...any) []byte {
 	t.Helper()
+	return rawValueAt(t, goldenID, fields...)
+}
+
+// rawValueAt is rawValue sealed under key id.
+func rawValueAt(t *testing.T, id ulid.ULID, fields ...any) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	if err := enc.EncodeMapLen(len(fields)/2 + 1); err != nil {
@@ -475,7 +481,7 @@ func rawValue(t *testing.T, fields ...any) []byte {
 	}
 	buf.Write([]byte{0xa3, 'c', 'r', 'c', 0xce, 0, 0, 0, 0})
 	b := buf.Bytes()
-	if err := events.Seal(b, "run-1", goldenID); err != nil {
+	if err := events.Seal(b, "run-1", id); err != nil {
 		t.Fatal(err)
 	}
 	return b

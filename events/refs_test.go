@@ -159,3 +159,43 @@ func s2Of(t *testing.T, ev events.Event) []byte {
 	}
 	return s2.EncodeBetter(nil, raw)
 }
+
+// TestReferenceDetails: an observation stored without a prefix is still
+// referred to; a short reply is stored, not referred to, even in a large
+// step; a value that both stores the raw output and says it is the reply
+// is damage in its stream.
+func TestReferenceDetails(t *testing.T) {
+	mr, sc := bigStep()
+	bare := sc
+	bare.Step.Observation = sc.ActionOutcome.Observation
+	v, err := events.Marshal(bare)
+	if err != nil || !bytes.Contains(v, []byte("observation_wraps")) {
+		t.Fatalf("an unwrapped observation is not referred to (%v)", err)
+	}
+	short := sc
+	short.Step.RawOutput, short.Step.Action = "TOOL list", nil
+	reply := short.Step.RawOutput
+	if v, err := events.AppendMarshalAfter(nil, short, &reply); err != nil || bytes.Contains(v, []byte("raw_output_is_reply")) {
+		t.Fatalf("a %d-byte reply is referred to (%v)", len(reply), err)
+	}
+	// A writer gone wrong: the reply referred to and stored as well.
+	both := sc
+	empty := ""
+	both.Step.Action = &empty
+	ids := []ulid.ULID{ulid.MustParse("01J00000000000000000000001"), ulid.MustParse("01J00000000000000000000002")}
+	first, err := events.Marshal(mr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Seal(first, "run-1", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	second := rawValueAt(t, ids[1], "kind", "step_completed", "schema_version", "1.3", "payload_s2", s2Of(t, both),
+		"refs", map[string]any{"raw_output_is_reply": true})
+	r := events.StreamReader{RunID: "run-1"}
+	r.Value(ids[0], first)
+	r.Value(ids[1], second)
+	if _, err := r.Stream(); err == nil || !strings.Contains(err.Error(), "both stored and referred") {
+		t.Fatalf("raw output stored and referred to: %v", err)
+	}
+}
