@@ -29,6 +29,8 @@ var targets = map[string]string{
 	"BenchmarkResume/steps=10000":                      "≤ 2",
 	"BenchmarkConcurrentRuns/runs=64":                  "≥ 12",
 	"BenchmarkConcurrentRuns/runs=1":                   "(base)",
+	"BenchmarkConcurrentTextRuns/runs=64":              "≥ 12",
+	"BenchmarkConcurrentTextRuns/runs=1":               "(base)",
 	"BenchmarkConcurrentAppend/goroutines=1":           "",
 	"BenchmarkPostgresStepLatency":                     "≤ 1.3",
 	"BenchmarkPostgresConcurrentRuns/runs=64/polyloop": "≥ 10",
@@ -119,6 +121,8 @@ func write(w io.Writer, samples map[string]*sample, order []string) {
 
 	single(w, samples, order)
 	scaling(w, samples, order, "BenchmarkConcurrentRuns/", "", "CONCURRENT RUNS (bbolt)")
+	scaling(w, samples, order, "BenchmarkConcurrentTextRuns/", "", "CONCURRENT RUNS, 2 KB REPLY + 4 KB OBSERVATION (bbolt)")
+	relative(w, samples, order, "BenchmarkLayoutFloor/", "layout=one-run", "BBOLT FLOOR BY LAYOUT, PERFECT GROUPING")
 	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/polyloop", "CONCURRENT RUNS (PostgreSQL)")
 	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/floor", "CONCURRENT RAW pgx TRANSACTIONS (the floor)")
 }
@@ -168,6 +172,25 @@ func scaling(w io.Writer, samples map[string]*sample, order []string, prefix, su
 		s := samples[name]
 		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%s\t%d\t%s\n", strings.TrimSuffix(rest, suffix),
 			median(s.nsPerOp), median(one.nsPerOp)/median(s.nsPerOp), targets[name], len(s.nsPerOp), extras(s))
+	}
+	tw.Flush()
+}
+
+// relative prints every benchmark named prefix+something relative to
+// prefix+base: throughput (base ns/op ÷ its ns/op).
+func relative(w io.Writer, samples map[string]*sample, order []string, prefix, base, title string) {
+	one := samples[prefix+base]
+	if one == nil {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "%s\tns/step\tTHROUGHPUT vs %s\tRUNS\n", title, base)
+	for _, name := range order {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			s := samples[name]
+			fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%d\n", rest, median(s.nsPerOp), median(one.nsPerOp)/median(s.nsPerOp), len(s.nsPerOp))
+		}
 	}
 	tw.Flush()
 }

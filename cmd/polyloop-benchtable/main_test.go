@@ -44,3 +44,23 @@ func TestSinglesPrintTheirMetrics(t *testing.T) {
 		t.Fatalf("table:\n%s", out.String())
 	}
 }
+
+// TestLayoutsAreRelativeToOneRun: the layout floor's rows are throughput
+// relative to one run's step, and the text-payload family scales against
+// its own runs=1.
+func TestLayoutsAreRelativeToOneRun(t *testing.T) {
+	in := `BenchmarkLayoutFloor/layout=one-run-2  10  600000 ns/op
+BenchmarkLayoutFloor/layout=one-log/runs=64-2  10  30000 ns/op
+BenchmarkConcurrentTextRuns/runs=1-2  10  800000 ns/op
+BenchmarkConcurrentTextRuns/runs=64-2  10  80000 ns/op
+`
+	samples, order := parse(strings.NewReader(in))
+	var out bytes.Buffer
+	write(&out, samples, order)
+	got := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{"layout=one-log/runs=64 30000 20.00× 1", "runs=64 80000 10.00× ≥ 12"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
