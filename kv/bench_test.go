@@ -296,7 +296,7 @@ func BenchmarkOpen(b *testing.B) {
 			}
 			n++
 			err = db.Update(func(tx *bolt.Tx) error {
-				return tx.Bucket([]byte("runs")).Bucket([]byte("run-0000")).Put([]byte(fmt.Sprint("floor", n)), []byte("x"))
+				return tx.Bucket([]byte("log")).Put([]byte(fmt.Sprint("floor", n)), []byte("x"))
 			})
 			if err != nil {
 				b.Fatal(err)

@@ -15,7 +15,10 @@ type CompactResult struct{ Before, After int64 }
 // Compact rewrites the store at path without its free pages (what deleted
 // runs leave behind) and swaps the new file in atomically: every run's
 // events stay byte-identical under the same keys, and the path holds the
-// old file or the new one, never half of either. It needs the file to
+// old file or the new one, never half of either. A format 1 file (a bucket
+// per run) comes out in the current format, one log: its events' values
+// byte-identical under the same keys, each behind its link header, the
+// index entries verbatim. It needs the file to
 // itself (Open's lock): run it while no process has the store open. A
 // process that opens the path meanwhile waits for the lock and then opens
 // the new file (Open notices a file replaced under it and opens again).
@@ -46,7 +49,12 @@ func Compact(path string, o Options) (CompactResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("kv: compact %s: %w", path, err)
 	}
-	err = withFaultsAsPanics(func() error { return bolt.Compact(dst, src.db, 64<<20) })
+	err = withFaultsAsPanics(func() error {
+		if _, ok := src.layout.(bucketLayout); ok {
+			return upgrade(dst, src.db) // format 1 comes out as one log
+		}
+		return bolt.Compact(dst, src.db, 64<<20)
+	})
 	if err == nil && !o.NoSync {
 		err = dst.Sync()
 	}

@@ -3,9 +3,12 @@ package kv_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/oklog/ulid/v2"
@@ -130,5 +133,117 @@ func TestCompactNeedsTheFileToItself(t *testing.T) {
 	defer s.Close()
 	if _, err := kv.Compact(path, kv.Options{}); err == nil {
 		t.Fatal("compacted a store open for writing")
+	}
+}
+
+// TestCompactMovesAFormat1StoreToOneLog: a store with a bucket per run
+// (format 1), its runs' appends interleaved, comes out of Compact as one
+// log: every event's value byte-identical under the same key (behind its
+// link header), every index entry verbatim, every run loading to the same
+// events, and the store taking appends in the log.
+func TestCompactMovesAFormat1StoreToOneLog(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.FormatBuckets(kv.Options{NoSync: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tails := map[string]ulid.ULID{}
+	for j := range proptest.SoundStream("x") {
+		for i := range 5 { // round-robin, so the runs' keys interleave
+			run := fmt.Sprint("run-", i)
+			envs, err := s.Append(ctx, run, tails[run], proptest.SoundStream(run)[j])
+			if err != nil {
+				t.Fatal(err)
+			}
+			tails[run] = envs[0].ID
+		}
+	}
+	if err := s.DeleteRun(ctx, "run-3", false); err != nil {
+		t.Fatal(err)
+	}
+	loaded := map[string][]events.Envelope{}
+	for i := range 5 {
+		run := fmt.Sprint("run-", i)
+		loaded[run], _ = s.Load(ctx, run)
+	}
+	s.Close()
+	before := contents(t, path)
+	if _, err := kv.Compact(path, kv.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	after := contents(t, path)
+	if string(after["polyloop/"+fmt.Sprintf("%x", "format")]) != "2" {
+		t.Fatalf("format after compaction: %q", after["polyloop/"+fmt.Sprintf("%x", "format")])
+	}
+	moved := 0
+	for k, v := range before {
+		switch {
+		case strings.HasPrefix(k, "index/"):
+			if !bytes.Equal(after[k], v) {
+				t.Fatalf("index entry %s changed", k)
+			}
+		case strings.HasPrefix(k, "runs/"):
+			key := k[strings.LastIndex(k, "/")+1:]
+			if got := after["log/"+key]; len(got) != len(v)+28 || !bytes.Equal(got[28:], v) {
+				t.Fatalf("event %s is not in the log byte-identical", k)
+			}
+			moved++
+		}
+	}
+	if moved != 4*len(proptest.SoundStream("x")) {
+		t.Fatalf("%d events compared, want 4 runs' worth", moved)
+	}
+	s, err = kv.Open(path, kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for run, want := range loaded {
+		got, err := s.Load(ctx, run)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s loads %d events (%v), %d before", run, len(got), err, len(want))
+		}
+	}
+	if _, err := s.Append(ctx, "new", ulid.ULID{}, events.RunStarted{RunID: "new", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCompactRefusesAFormat1StoreThatCannotBeOneLog: two runs' buckets
+// holding the same key cannot become one log; Compact says so and leaves
+// the file as it was.
+func TestCompactRefusesAFormat1StoreThatCannotBeOneLog(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.FormatBuckets(kv.Options{NoSync: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"a", "b"} {
+		if _, err := s.Append(ctx, run, ulid.ULID{}, proptest.SoundStream(run)[:2]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		runs := tx.Bucket([]byte("runs"))
+		k, v := runs.Bucket([]byte("a")).Cursor().First()
+		return runs.Bucket([]byte("b")).Put(bytes.Clone(k), bytes.Clone(v))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	if _, err := kv.Compact(path, kv.Options{}); !errors.Is(err, kv.ErrCorrupt) || !strings.Contains(err.Error(), "two runs") {
+		t.Fatalf("Compact: %v", err)
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+		t.Fatal("a refused compaction changed the file")
 	}
 }

@@ -1,7 +1,9 @@
 // Package kv is the bbolt implementation of seams.RunStore: one file, one
-// nested bucket per run under a root bucket, monotonic ULID keys, msgpack
-// envelope values, and an index bucket kept in the same transaction that
-// lists runs without scanning their streams.
+// append-only log of every run's events keyed by monotonic ULIDs (each
+// event linked to its run's previous one), msgpack envelope values, and an
+// index bucket kept in the same transaction that lists runs without
+// scanning their streams. Files made before the log keep a nested bucket
+// per run (format 1), read and written as they are.
 //
 // # Basics
 //
@@ -35,8 +37,8 @@
 // events). Each run's index entry carries the stream's length and last key
 // and a CRC-32C of its own, all written in the transaction that appends, so
 // Load can tell a stream that lost an event — in the middle or at the tail,
-// which no per-value checksum or chain could see — and an index entry that
-// was altered. Load verifies every value and both anchors, and that the
+// which no per-value checksum could see — and an index entry that was
+// altered. Load verifies every value and both anchors, and that the
 // run has a stream and an index entry or neither; it reports every problem
 // at once (an *events.DamageError beside the events that decoded). Runs
 // lists a damaged entry, and a stream whose entry is gone, as
@@ -44,10 +46,13 @@
 //
 // # Tails and keys
 //
-// Append checks the tail its caller names against the run bucket's last
-// key inside the writing transaction, so appends grouped into one
-// transaction see each other and of two continuing one tail exactly one
-// wins. Keys are ULIDs minted after that last key (events.IDSource.
+// Append checks the tail its caller names against the run's last key (the
+// index entry's, proven in the log; the bucket's last in format 1) inside
+// the writing transaction, so appends grouped into one transaction see
+// each other and of two continuing one tail exactly one wins. A key another
+// run already holds (its clock was ahead) is skipped. The leader skips
+// decoding an index entry that is, byte for byte, the one this process
+// wrote with the run's last append (writtenEntries). Keys are ULIDs minted after that last key (events.IDSource.
 // NextAfter), whatever the clock says: after a process wrote with its clock
 // ahead (an NTP step, a VM migration, a restored snapshot), the run's next
 // keys carry the future millisecond, incremented, until the clock catches
@@ -108,22 +113,57 @@
 // # Pages, retention, compaction
 //
 // New files use 16 KiB pages (Options.PageSize; a file keeps the page size
-// it was made with) and streams fill their pages whole (their keys only
-// grow): a step's compressed StepCompleted is a few KiB, which 4 KiB pages
-// held one to a page (BenchmarkStorageBytes: 8,356 -> 5,800 bytes per step
-// of 6,144 bytes of payload). DeleteRun (seams.RunDeleter) removes a run's
-// bucket and index entry in one transaction, reserving the run meanwhile;
-// bbolt reuses the freed pages, so a store whose old runs are deleted
-// (retention.Expire) stops growing. Compact rewrites a file without its
+// it was made with) and the log (and format 1's streams) fill their pages
+// whole (keys only grow): a step's compressed StepCompleted is a few KiB,
+// which 4 KiB pages held one to a page. A step of a 2 KB reply and a 4 KB
+// observation takes 5,800 bytes (0.94x its payload; BenchmarkStorageBytes),
+// the step's texts stored once (events' references: kv remembers each
+// run's latest reply as of its tail, so a StepCompleted appended right
+// after it refers to it). DeleteRun (seams.RunDeleter) removes a run's
+// events (its chain, or its bucket) and index entry in one transaction,
+// reserving the run meanwhile; bbolt reuses the freed pages, so a store
+// whose old runs are deleted (retention.Expire) stops growing. Compact rewrites a file without its
 // free pages into a new file and renames it over the old one, with no
 // process holding the store; an Open that waited for the old file's lock
 // sees the file replaced and opens the new one. DataSize is the bytes in
 // use up to the high-water mark (the file is grown ahead of need).
 //
-// The layout stays a bucket per run: BenchmarkLayoutFloor measures 13.7x
-// one run's throughput for 64 perfectly grouped runs in it, 45x in one
-// bucket of all events, and kv reaches 5.9x — the gap is not the layout's
-// (BENCHMARKS.md).
+// # Layout: one log
+//
+// Why one log and not a bucket per run (BenchmarkLayoutFloor, issue 16's
+// step of a 2 KB reply and a 4 KB observation, fsync on, 16 KiB pages):
+// bbolt committing 64 runs' steps with perfect grouping reaches 7.9x one
+// run's throughput when each run has its own bucket — every commit
+// rewrites, per run, the run's last leaf and the branch above it — 10.7x
+// with one bucket whose keys lead with a run number, and 18x when all
+// events go to one append-only bucket, where a commit rewrites the log's
+// last leaves only. The target is 12x, so format 2 files (every file Open
+// creates) keep:
+//
+//   - "log": every event, keyed by its ULID. The keys come from one
+//     monotonic source per process and are minted after the run's tail, so
+//     a run's keys only grow. Each value is a 28-byte link header — the
+//     run's previous key (zero for its first event), the event's number in
+//     its run, a CRC-32C over both and the key — then the sealed event.
+//   - "starts": run id -> the run's first key, written once.
+//   - "index": run id -> the RunInfo entry, with the last key and count.
+//
+// A run stays an ordered, ULID-keyed stream: Load (and Scan, which hands
+// events over one at a time) walks the chain back from the index entry's
+// last key, one point lookup per event, and checks every link: a missing
+// event, a link that fails its checksum or numbers the event out of turn,
+// a chain that does not start at the recorded first key, a count that does
+// not match. Append checks that the index entry's last key is in the log
+// and numbered last before minting after it, so a wrong entry cannot fork
+// the chain. Deleting a run walks its chain. What the log costs: a resume
+// reads by point lookups (BenchmarkResume), and a stream whose index entry
+// and first-key record are both gone cannot be found without a full scan
+// (in a bucket per run, deleting the bucket and the entry loses a run as
+// silently).
+//
+// Files made before (format 1) keep their bucket per run, and new runs in
+// them get buckets too: both layouts sit behind one interface (layout.go)
+// and the damage tests run on both.
 //
 // What does not live here: the rules of what a sound stream is (package
 // recovery) and the views built from a stream (package projections).

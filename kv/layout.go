@@ -173,6 +173,13 @@ func linkSum(key, prev ulid.ULID, seq []byte) uint32 {
 	return crc32.Update(sum, castagnoli, seq)
 }
 
+// link writes the link header into v's first logHeader bytes.
+func link(v []byte, key, prev ulid.ULID, seq uint64) {
+	copy(v, prev[:])
+	binary.BigEndian.PutUint64(v[16:], seq)
+	binary.BigEndian.PutUint32(v[24:], linkSum(key, prev, v[16:24]))
+}
+
 // splitLog parses a log value into the previous key, the event's number
 // and the sealed event.
 func splitLog(key ulid.ULID, v []byte) (prev ulid.ULID, seq uint64, sealed []byte, err error) {
@@ -230,9 +237,7 @@ func (l logLayout) put(tx *bolt.Tx, runID string, seq uint64, prev, key ulid.ULI
 			return err
 		}
 	}
-	copy(v, prev[:])
-	binary.BigEndian.PutUint64(v[16:], seq)
-	binary.BigEndian.PutUint32(v[24:], linkSum(key, prev, v[16:24]))
+	link(v, key, prev, seq)
 	// Keys come from one monotonic source, so the log grows at its end:
 	// fill its pages whole. (A key minted after a run's tail from a clock
 	// that was ahead lands further right; later keys go before it and the

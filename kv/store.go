@@ -144,7 +144,7 @@ type appendRequest struct {
 	// its appender was made the leader (lead is then true).
 	wake  chan struct{}
 	lead  bool
-	taken bool // in a group being committed: it can no longer be withdrawn
+	taken bool        // in a group being committed: it can no longer be withdrawn
 	reply latestReply // the run's latest reply once the events are appended
 }
 

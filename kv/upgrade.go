@@ -1,0 +1,151 @@
+package kv
+
+import (
+	"bytes"
+	"container/heap"
+	"errors"
+	"fmt"
+
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+)
+
+// upgrade copies a format 1 store (src, a bucket per run) into dst as a
+// format 2 store (one log): every event's sealed value byte-identical under
+// the same key, behind its link header; index entries verbatim. The runs'
+// streams are merged in key order, so the log fills its pages as appends
+// do; dst commits every upgradeBatch bytes. A store that cannot be one log
+// — a value where a stream should be, a key that is not a ULID, a key two
+// runs share — is refused, and dst left for the caller to discard.
+func upgrade(dst, src *bolt.DB) error {
+	err := dst.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{indexBucket, logBucket, startsBucket} {
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
+		}
+		format, err := tx.CreateBucket(formatBucket)
+		if err != nil {
+			return err
+		}
+		return format.Put(formatKey, []byte(formatLog))
+	})
+	if err != nil {
+		return err
+	}
+	return src.View(func(stx *bolt.Tx) error {
+		runs, index := stx.Bucket(runsBucket), stx.Bucket(indexBucket)
+		if runs == nil || index == nil {
+			return fmt.Errorf("%w: one of the runs and index buckets is missing", ErrCorrupt)
+		}
+		w := &batchWriter{db: dst}
+		if err := index.ForEach(func(k, v []byte) error { return w.put(indexBucket, k, v) }); err != nil {
+			return err
+		}
+		var streams streamHeap
+		if err := runs.ForEach(func(name, v []byte) error {
+			b := runs.Bucket(name)
+			if b == nil {
+				return fmt.Errorf("%w: run %q: the runs bucket holds a value, not a stream, under its id", ErrCorrupt, name)
+			}
+			st := &stream{run: bytes.Clone(name), c: b.Cursor()}
+			if st.k, st.v = st.c.First(); st.k != nil {
+				streams = append(streams, st)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		heap.Init(&streams)
+		var last ulid.ULID
+		for len(streams) > 0 {
+			st := streams[0]
+			if len(st.k) != len(last) {
+				return fmt.Errorf("%w: run %q: key %x is not a ULID", ErrCorrupt, st.run, st.k)
+			}
+			key := ulid.ULID(st.k)
+			if key == last {
+				return fmt.Errorf("%w: key %s is in two runs' streams (%q among them): the store cannot be one log", ErrCorrupt, key, st.run)
+			}
+			if st.seq == 0 {
+				if err := w.put(startsBucket, st.run, key[:]); err != nil {
+					return err
+				}
+			}
+			v := make([]byte, logHeader+len(st.v))
+			link(v, key, st.prev, st.seq)
+			copy(v[logHeader:], st.v)
+			if err := w.put(logBucket, key[:], v); err != nil {
+				return err
+			}
+			last, st.prev, st.seq = key, key, st.seq+1
+			if st.k, st.v = st.c.Next(); st.k == nil {
+				heap.Pop(&streams)
+			} else {
+				heap.Fix(&streams, 0)
+			}
+		}
+		return w.flush()
+	})
+}
+
+// stream is one run's bucket being merged into the log.
+type stream struct {
+	run  []byte
+	c    *bolt.Cursor
+	k, v []byte
+	prev ulid.ULID
+	seq  uint64
+}
+
+// streamHeap orders streams by their next key.
+type streamHeap []*stream
+
+func (h streamHeap) Len() int           { return len(h) }
+func (h streamHeap) Less(i, j int) bool { return bytes.Compare(h[i].k, h[j].k) < 0 }
+func (h streamHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *streamHeap) Push(x any)        { *h = append(*h, x.(*stream)) }
+func (h *streamHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// upgradeBatch bounds the bytes one transaction of an upgrade writes.
+const upgradeBatch = 32 << 20
+
+// batchWriter puts into dst in transactions of up to upgradeBatch bytes.
+type batchWriter struct {
+	db      *bolt.DB
+	pending []kvPut
+	size    int
+}
+
+type kvPut struct{ bucket, k, v []byte }
+
+func (w *batchWriter) put(bucket, k, v []byte) error {
+	w.pending = append(w.pending, kvPut{bucket, bytes.Clone(k), bytes.Clone(v)})
+	if w.size += len(k) + len(v); w.size >= upgradeBatch {
+		return w.flush()
+	}
+	return nil
+}
+
+func (w *batchWriter) flush() error {
+	err := w.db.Update(func(tx *bolt.Tx) error {
+		for _, p := range w.pending {
+			b := tx.Bucket(p.bucket)
+			if b == nil {
+				return errors.New("kv: upgrade: a bucket of the new store is missing")
+			}
+			b.FillPercent = streamFillPercent // keys arrive in order
+			if err := b.Put(p.k, p.v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	w.pending, w.size = w.pending[:0], 0
+	return err
+}
