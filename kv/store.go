@@ -246,22 +246,11 @@ func create(path string, o Options) error {
 	if err != nil {
 		return fmt.Errorf("kv: create %s: %w", path, err)
 	}
-	version, buckets := formatLog, [][]byte{indexBucket, logBucket, startsBucket}
+	version := formatLog
 	if o.format == formatBuckets {
-		version, buckets = formatBuckets, [][]byte{runsBucket, indexBucket}
+		version = formatBuckets
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range buckets {
-			if _, err := tx.CreateBucket(name); err != nil {
-				return err
-			}
-		}
-		format, err := tx.CreateBucket(formatBucket)
-		if err != nil {
-			return err
-		}
-		return format.Put(formatKey, []byte(version))
-	})
+	err = db.Update(func(tx *bolt.Tx) error { return makeFormat(tx, version) })
 	if err := errors.Join(err, db.Close()); err != nil {
 		return fmt.Errorf("kv: create %s: %w", path, err)
 	}
@@ -275,6 +264,25 @@ func create(path string, o Options) error {
 		dir.Close()
 	}
 	return nil
+}
+
+// makeFormat creates an empty store of the format version in tx: its
+// top-level buckets and the format marker.
+func makeFormat(tx *bolt.Tx, version string) error {
+	buckets := [][]byte{indexBucket, logBucket, startsBucket}
+	if version == formatBuckets {
+		buckets = [][]byte{runsBucket, indexBucket}
+	}
+	for _, name := range buckets {
+		if _, err := tx.CreateBucket(name); err != nil {
+			return err
+		}
+	}
+	format, err := tx.CreateBucket(formatBucket)
+	if err != nil {
+		return err
+	}
+	return format.Put(formatKey, []byte(version))
 }
 
 // inProcess counts the stores this process has open, per file: a second

@@ -18,19 +18,7 @@ import (
 // — a value where a stream should be, a key that is not a ULID, a key two
 // runs share — is refused, and dst left for the caller to discard.
 func upgrade(dst, src *bolt.DB) error {
-	err := dst.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{indexBucket, logBucket, startsBucket} {
-			if _, err := tx.CreateBucket(name); err != nil {
-				return err
-			}
-		}
-		format, err := tx.CreateBucket(formatBucket)
-		if err != nil {
-			return err
-		}
-		return format.Put(formatKey, []byte(formatLog))
-	})
-	if err != nil {
+	if err := dst.Update(func(tx *bolt.Tx) error { return makeFormat(tx, formatLog) }); err != nil {
 		return err
 	}
 	return src.View(func(stx *bolt.Tx) error {
