@@ -48,9 +48,19 @@ type StreamReader struct {
 	envs []Envelope
 	bad  []error
 	stop error
-	// reply is the content of the latest model_call_result's reply read so
-	// far (nil: none, or a failure), for values that refer to it.
-	reply *string
+	// reply is what the stream holds as its latest reply so far, for
+	// values that refer to it.
+	reply streamReply
+}
+
+// streamReply is a stream's latest model reply as read so far: its content
+// (nil: none yet, or the latest call failed), or lost once a value did not
+// decode or the store found events missing — the latest reply may then be
+// one that was not read, and a reference to it must not resolve to an
+// earlier one.
+type streamReply struct {
+	content *string
+	lost    bool
 }
 
 // Value decodes the value stored under id (Unmarshal, checksum included)
@@ -59,15 +69,15 @@ func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
 	if r.stop != nil {
 		return Envelope{}, false
 	}
-	env, err := unmarshal(r.RunID, id, b, true, r.reply)
+	env, err := unmarshal(r.RunID, id, b, &r.reply)
 	if err != nil {
-		r.bad = append(r.bad, err)
+		r.Problem(err)
 		return Envelope{}, false
 	}
 	if mr, ok := env.Event.(ModelCallResult); ok {
-		r.reply = nil
+		r.reply = streamReply{}
 		if mr.Reply != nil {
-			r.reply = &mr.Reply.Content
+			r.reply.content = &mr.Reply.Content
 		}
 	}
 	if r.Each != nil {
@@ -84,7 +94,10 @@ func (r *StreamReader) Stopped() bool { return r.stop != nil }
 
 // Problem records a problem the store found itself (an event missing, a
 // key that is not a ULID).
-func (r *StreamReader) Problem(err error) { r.bad = append(r.bad, err) }
+func (r *StreamReader) Problem(err error) {
+	r.bad = append(r.bad, err)
+	r.reply = streamReply{lost: true}
+}
 
 // Stream returns the events that decoded, in order, and a *DamageError
 // listing every problem, or nil when there was none.

@@ -260,13 +260,13 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 // on arbitrary bytes. A value of schema 1.0, from before the checksum, is
 // read without one.
 func Unmarshal(runID string, id ulid.ULID, b []byte) (env Envelope, err error) {
-	return unmarshal(runID, id, b, false, nil)
+	return unmarshal(runID, id, b, nil)
 }
 
-// unmarshal is Unmarshal; inStream says the caller decodes the run's
-// stream in order and lastReply is the latest reply's content before this
-// value (nil: none), for references to it.
-func unmarshal(runID string, id ulid.ULID, b []byte, inStream bool, lastReply *string) (env Envelope, err error) {
+// unmarshal is Unmarshal; reply, when the caller decodes the run's stream
+// in order (StreamReader), is its latest reply before this value, for
+// references to it.
+func unmarshal(runID string, id ulid.ULID, b []byte, reply *streamReply) (env Envelope, err error) {
 	fail := func(kind Kind, sentinel error, detail string) (Envelope, error) {
 		return Envelope{}, &DecodeError{ID: id, Kind: kind, Err: sentinel, Detail: detail}
 	}
@@ -337,11 +337,14 @@ func unmarshal(runID string, id ulid.ULID, b []byte, inStream bool, lastReply *s
 		if w.PayloadS2 == nil {
 			return fail(kind, ErrMalformed, "refs beside a payload that is not compressed")
 		}
-		if ev, err = w.Refs.resolve(ev, inStream, lastReply); err != nil {
+		if ev, err = w.Refs.resolve(ev, reply); err != nil {
 			if errors.Is(err, ErrNeedsStream) {
 				return fail(kind, ErrNeedsStream, "step.raw_output is the latest model reply before it")
 			}
 			return fail(kind, ErrMalformed, "refs: "+err.Error())
+		}
+		if err := ev.Validate(); err != nil {
+			return fail(kind, ErrPayloadMismatch, err.Error())
 		}
 	}
 	return Envelope{ID: id, Kind: kind, SchemaVersion: *w.SchemaVersion, Event: ev}, nil

@@ -43,8 +43,13 @@ var ErrNeedsStream = errors.New("events: the value refers to an earlier event of
 // the references; refs is nil when there is nothing to refer to. lastReply
 // is the content of the latest reply before ev in its stream, if known.
 func withRefs(ev Event, lastReply *string) (Event, *stepRefs) {
-	sc, ok := ev.(StepCompleted)
-	if !ok {
+	var sc StepCompleted
+	switch e := ev.(type) {
+	case StepCompleted:
+		sc = e
+	case *StepCompleted:
+		sc = *e
+	default:
 		return ev, nil
 	}
 	var refs stepRefs
@@ -73,9 +78,10 @@ func withRefs(ev Event, lastReply *string) (Event, *stepRefs) {
 	return sc, &refs
 }
 
-// resolve fills in what refs derive. lastReply is the latest reply's
-// content before the event in its stream, nil when unknown or none.
-func (refs *stepRefs) resolve(ev Event, inStream bool, lastReply *string) (Event, error) {
+// resolve fills in what refs derive; reply is the stream's latest reply
+// before the event, nil when the event is decoded on its own. The caller
+// validates the result.
+func (refs *stepRefs) resolve(ev Event, reply *streamReply) (Event, error) {
 	sc, ok := ev.(StepCompleted)
 	if !ok {
 		return nil, fmt.Errorf("refs on a %s, which has none", ev.Kind())
@@ -83,14 +89,16 @@ func (refs *stepRefs) resolve(ev Event, inStream bool, lastReply *string) (Event
 	step := sc.Step
 	if refs.RawOutputIsReply {
 		switch {
-		case !inStream:
+		case reply == nil:
 			return nil, ErrNeedsStream
-		case lastReply == nil:
+		case reply.lost:
+			return nil, errors.New("step.raw_output refers to the latest model reply, and values before it are damaged or missing")
+		case reply.content == nil:
 			return nil, errors.New("step.raw_output refers to the latest model reply, and the stream holds none before it")
 		case step.RawOutput != "":
 			return nil, errors.New("step.raw_output is both stored and referred to")
 		}
-		step.RawOutput = *lastReply
+		step.RawOutput = *reply.content
 	}
 	if w := refs.ObservationWraps; w != nil {
 		switch {
@@ -109,12 +117,14 @@ func (refs *stepRefs) resolve(ev Event, inStream bool, lastReply *string) (Event
 			return nil, fmt.Errorf("action_at has %d parts, not 2", len(at))
 		case at[0] < 0 || at[1] < 0 || at[0] > len(step.RawOutput) || at[1] > len(step.RawOutput)-at[0]:
 			return nil, fmt.Errorf("action_at [%d, %d] is outside step.raw_output's %d bytes", at[0], at[1], len(step.RawOutput))
-		case step.Action == nil || *step.Action != "":
+		case step.Action == nil:
+			return nil, errors.New("action_at refers to a step.action that is absent")
+		case *step.Action != "":
 			return nil, errors.New("step.action is both stored and referred to")
 		}
 		action := step.RawOutput[at[0] : at[0]+at[1]]
 		step.Action = &action
 	}
 	sc.Step = step
-	return sc, sc.Validate()
+	return sc, nil
 }

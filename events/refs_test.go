@@ -199,3 +199,43 @@ func TestReferenceDetails(t *testing.T) {
 		t.Fatalf("raw output stored and referred to: %v", err)
 	}
 }
+
+// TestAReferenceNeverResolvesPastDamage: when the reply a step refers to
+// does not decode, the step is reported damaged too — never filled in with
+// an earlier reply of the run.
+func TestAReferenceNeverResolvesPastDamage(t *testing.T) {
+	mrA, scA := bigStep()
+	mrB, scB := bigStep()
+	replyB := "TOOL list " + strings.Repeat("another reply, longer than the first one. ", 10)
+	rb := *mrB.Reply
+	rb.Content = replyB
+	mrB.Reply, mrB.ResultID = &rb, "r1m"
+	scB.Step.RawOutput, scB.Step.Action, scB.Step.StepIdx = replyB, nil, 1
+	var vals [][]byte
+	for i, c := range []struct {
+		ev    events.Event
+		reply *string
+	}{{mrA, nil}, {scA, &mrA.Reply.Content}, {mrB, nil}, {scB, &replyB}} {
+		v, err := events.AppendMarshalAfter(nil, c.ev, c.reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := events.Seal(v, "run-1", ulid.ULID{15: byte(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+		vals = append(vals, v)
+	}
+	if !bytes.Contains(vals[3], []byte("raw_output_is_reply")) {
+		t.Fatal("the second step does not refer to its reply")
+	}
+	vals[2][len(vals[2])/2] ^= 1 // the second reply is damaged
+	r := events.StreamReader{RunID: "run-1"}
+	for i, v := range vals {
+		r.Value(ulid.ULID{15: byte(i + 1)}, v)
+	}
+	got, err := r.Stream()
+	var damage *events.DamageError
+	if !errors.As(err, &damage) || len(damage.Problems) != 2 || len(got) != 2 || !strings.Contains(err.Error(), "damaged or missing") {
+		t.Fatalf("%d events decoded, %v", len(got), err)
+	}
+}

@@ -490,12 +490,19 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	// The run's latest reply as of the tail named, when this process knows
 	// it: a StepCompleted repeating it refers to it (events' refs). The
 	// tail check puts the events right after that tail, or nowhere.
-	req.reply = s.replies.at(runID, after)
+	//
+	// Only in the log: a bucket per run cannot see an event missing from
+	// the middle of a stream until it has read it all, and a reference
+	// must never resolve to an earlier reply than the one written.
+	_, inLog := s.layout.(logLayout)
+	if inLog {
+		req.reply = s.replies.at(runID, after)
+	}
 	for i, ev := range evs {
 		// Encoded (and compressed) here, by the appender, not by the leader
 		// inside the transaction.
 		var reply *string
-		if req.reply.known {
+		if inLog && req.reply.known {
 			reply = req.reply.content
 		}
 		b, err := events.AppendMarshalAfter(make([]byte, logHeader, logHeader+256), ev, reply)
@@ -707,8 +714,13 @@ type latestReply struct {
 
 // after is the latest reply once ev is appended.
 func (l latestReply) after(ev events.Event) latestReply {
-	mr, ok := ev.(events.ModelCallResult)
-	if !ok {
+	var mr events.ModelCallResult
+	switch e := ev.(type) {
+	case events.ModelCallResult:
+		mr = e
+	case *events.ModelCallResult:
+		mr = *e
+	default:
 		return l
 	}
 	if mr.Reply == nil {

@@ -411,3 +411,46 @@ func TestScanHandsOverWhatLoadReturns(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestAPointerReplyIsTheLatestReply: a model result appended as a pointer
+// is the run's latest reply like a value one, so a step repeating the
+// earlier reply stores it rather than referring to the later one.
+func TestAPointerReplyIsTheLatestReply(t *testing.T) {
+	ctx := context.Background()
+	s, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stream := proptest.SoundStream("r")
+	a := strings.Repeat("reply A, long enough to be worth a reference. ", 30)
+	b := strings.Repeat("reply B, long enough to be worth a reference. ", 30)
+	first := stream[2].(events.ModelCallResult)
+	first.Reply = &events.ModelReply{Content: a}
+	second := first
+	second.Reply = &events.ModelReply{Content: b}
+	step := stream[4].(events.StepCompleted)
+	step.Step.RawOutput, step.Step.Action = a, nil
+	var obs strings.Builder // text that stays large once compressed, so the step is compressed
+	for i := range 200 {
+		fmt.Fprintf(&obs, "f%x.go %d\n", i*7919%4093, i*104729%65521)
+	}
+	out := *step.ActionOutcome
+	out.Observation = obs.String()
+	step.ActionOutcome, step.Step.Observation = &out, obs.String()
+	var tail ulid.ULID
+	for _, ev := range []events.Event{stream[0], stream[1], first, &second, step} {
+		envs, err := s.Append(ctx, "r", tail, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tail = envs[0].ID
+	}
+	got, err := s.Load(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw := got[len(got)-1].Event.(events.StepCompleted).Step.RawOutput; raw != a {
+		t.Fatalf("the step's raw output reads back as %.20q…, written %.20q…", raw, a)
+	}
+}
