@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
@@ -245,5 +246,60 @@ func TestCompactRefusesAFormat1StoreThatCannotBeOneLog(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
 		t.Fatal("a refused compaction changed the file")
+	}
+}
+
+// TestCompactGivesAnOldIndexEntryItsAnchors: an index entry from before the
+// store kept a run's last key, count and checksum reads fine in a bucket
+// per run; moved to the log, where the last key is how the run is found,
+// it gets them from the stream, and the run loads and takes appends.
+func TestCompactGivesAnOldIndexEntryItsAnchors(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.FormatBuckets(kv.Options{NoSync: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs, err := s.Append(ctx, "old", ulid.ULID{}, proptest.SoundStream("old")[:5]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("index"))
+		var m map[string]any
+		if err := msgpack.Unmarshal(b.Get([]byte("old")), &m); err != nil {
+			return err
+		}
+		delete(m, "last_id")
+		delete(m, "events")
+		delete(m, "crc")
+		v, err := msgpack.Marshal(m)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("old"), v)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Compact(path, kv.Options{NoSync: true}); err != nil {
+		t.Fatal(err)
+	}
+	s, err = kv.Open(path, kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, err := s.Load(ctx, "old"); err != nil || len(got) != 5 {
+		t.Fatalf("after compaction: %d events, %v", len(got), err)
+	}
+	if _, err := s.Append(ctx, "old", envs[4].ID, proptest.SoundStream("old")[5]); err != nil {
+		t.Fatalf("append after compaction: %v", err)
 	}
 }

@@ -89,11 +89,15 @@ func decodeInfo(key, v []byte) (RunInfo, error) {
 // writeInfo stores info, with its checksum, under its run id, and returns
 // the bytes stored.
 func writeInfo(index *bolt.Bucket, info RunInfo) ([]byte, error) {
-	key := []byte(info.RunID)
-	sum := infoSum(&info, key)
-	v, err := msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
+	v, err := encodeInfo(info)
 	if err != nil {
 		return nil, err
 	}
-	return v, index.Put(key, v)
+	return v, index.Put([]byte(info.RunID), v)
+}
+
+// encodeInfo is info as stored under its run id, with its checksum.
+func encodeInfo(info RunInfo) ([]byte, error) {
+	sum := infoSum(&info, []byte(info.RunID))
+	return msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
 }

@@ -12,7 +12,10 @@ import (
 
 // upgrade copies a format 1 store (src, a bucket per run) into dst as a
 // format 2 store (one log): every event's sealed value byte-identical under
-// the same key, behind its link header; index entries verbatim. The runs'
+// the same key, behind its link header; index entries verbatim, except an
+// entry from before the store kept a run's last key and count (schema
+// 1.0), which the log needs to find the run: it gets them from the stream,
+// and a checksum. The runs'
 // streams are merged in key order, so the log fills its pages as appends
 // do; dst commits every upgradeBatch bytes. A store that cannot be one log
 // — a value where a stream should be, a key that is not a ULID, a key two
@@ -27,9 +30,6 @@ func upgrade(dst, src *bolt.DB) error {
 			return fmt.Errorf("%w: one of the runs and index buckets is missing", ErrCorrupt)
 		}
 		w := &batchWriter{db: dst}
-		if err := index.ForEach(func(k, v []byte) error { return w.put(indexBucket, k, v) }); err != nil {
-			return err
-		}
 		var streams streamHeap
 		if err := runs.ForEach(func(name, v []byte) error {
 			b := runs.Bucket(name)
@@ -45,6 +45,7 @@ func upgrade(dst, src *bolt.DB) error {
 			return err
 		}
 		heap.Init(&streams)
+		tails := map[string]runTail{}
 		var last ulid.ULID
 		for len(streams) > 0 {
 			st := streams[0]
@@ -68,13 +69,35 @@ func upgrade(dst, src *bolt.DB) error {
 			}
 			last, st.prev, st.seq = key, key, st.seq+1
 			if st.k, st.v = st.c.Next(); st.k == nil {
+				tails[string(st.run)] = runTail{st.prev, st.seq}
 				heap.Pop(&streams)
 			} else {
 				heap.Fix(&streams, 0)
 			}
 		}
+		err := index.ForEach(func(k, v []byte) error {
+			info, err := decodeInfo(k, v)
+			tail, ok := tails[string(k)]
+			if err != nil || info.LastID != (ulid.ULID{}) || !ok {
+				return w.put(indexBucket, k, v) // as it is: sound, or damage Load will report
+			}
+			info.LastID, info.Events = tail.last, int(tail.events)
+			if v, err = encodeInfo(info); err != nil {
+				return err
+			}
+			return w.put(indexBucket, k, v)
+		})
+		if err != nil {
+			return err
+		}
 		return w.flush()
 	})
+}
+
+// runTail is a run's last key and event count, as the merge found them.
+type runTail struct {
+	last   ulid.ULID
+	events uint64
 }
 
 // stream is one run's bucket being merged into the log.
