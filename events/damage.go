@@ -30,7 +30,11 @@ func (e *DamageError) Error() string {
 	for i, p := range e.Problems {
 		lines[i] = p.Error()
 	}
-	return fmt.Sprintf("events: stored stream of run %q is damaged (%d problems):\n  %s", e.RunID, len(e.Problems), strings.Join(lines, "\n  "))
+	noun := "problems"
+	if len(e.Problems) == 1 {
+		noun = "problem"
+	}
+	return fmt.Sprintf("events: stored stream of run %q is damaged (%d %s):\n  %s", e.RunID, len(e.Problems), noun, strings.Join(lines, "\n  "))
 }
 
 // Unwrap returns ErrDamaged.

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"hash/fnv"
@@ -337,6 +338,10 @@ func TestAMissingEventIsDamage(t *testing.T) {
 					which == "index names another tail" && !strings.Contains(err.Error(), "last event") {
 					t.Fatalf("Load after deleting the %s event: %d events, %v", which, len(got), err)
 				}
+				// Every event still stored comes back beside the damage.
+				if want := map[bool]int{true: 5, false: 4}[which == "index names another tail"]; len(got) != want {
+					t.Fatalf("Load after deleting the %s event: %d events, want %d", which, len(got), want)
+				}
 				// Scan hands over the same events, then fails the same way.
 				n := 0
 				serr := s.Scan(context.Background(), "A", func(events.Envelope) error { n++; return nil })
@@ -463,6 +468,67 @@ func TestAMetaPageBboltWouldStillUseIsNeverRolledBack(t *testing.T) {
 		}
 		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "bbolt itself would open the damaged page") {
 			t.Fatalf("%+v: got %v", o, err)
+		}
+	}
+}
+
+// TestARunOutlivesItsIndexEntry: a run whose index entry is damaged, or
+// gone, still loads every event it has (beside the damage), in either
+// format, and a forced delete removes all of them.
+func TestARunOutlivesItsIndexEntry(t *testing.T) {
+	ctx := context.Background()
+	for _, format := range formats {
+		for _, damage := range []string{"altered", "gone"} {
+			t.Run("format="+format+"/"+damage, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "s.db")
+				s, err := Open(path, Options{format: format})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if _, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:5]...); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Append(ctx, "B", ulid.ULID{}, proptest.SoundStream("B")[:3]...); err != nil {
+					t.Fatal(err)
+				}
+				err = s.db.Update(func(tx *bolt.Tx) error {
+					index := tx.Bucket(indexBucket)
+					if damage == "gone" {
+						return index.Delete([]byte("A"))
+					}
+					v := bytes.Clone(index.Get([]byte("A")))
+					v[len(v)-1] ^= 1 // the entry's checksum fails
+					return index.Put([]byte("A"), v)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := s.Load(ctx, "A")
+				if !errors.Is(err, ErrCorrupt) || len(got) != 5 {
+					t.Fatalf("Load: %d events, %v", len(got), err)
+				}
+				if runs, _ := s.Runs(ctx); len(runs) != 2 || runs[0].Status != StatusDamaged {
+					t.Fatalf("Runs: %+v", runs)
+				}
+				if err := s.DeleteRun(ctx, "A", true); err != nil {
+					t.Fatal(err)
+				}
+				if got, err := s.Load(ctx, "A"); err != nil || len(got) != 0 {
+					t.Fatalf("after a forced delete: %d events, %v", len(got), err)
+				}
+				if got, err := s.Load(ctx, "B"); err != nil || len(got) != 3 {
+					t.Fatalf("run B after A's delete: %d events, %v", len(got), err)
+				}
+				if format == formatLog {
+					s.db.View(func(tx *bolt.Tx) error {
+						if n := tx.Bucket(logBucket).Stats().KeyN; n != 3 {
+							t.Errorf("the log holds %d events after A's delete, want B's 3", n)
+						}
+						return nil
+					})
+				}
+			})
 		}
 	}
 }

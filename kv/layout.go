@@ -213,16 +213,25 @@ func (l logLayout) tail(tx *bolt.Tx, runID string, info RunInfo, indexed bool) (
 	case !indexed:
 		return ulid.ULID{}, nil
 	}
-	disagree := fmt.Errorf("%w: run %q: its index entry and its stream disagree on its last event", ErrCorrupt, runID)
-	if !started || info.LastID == (ulid.ULID{}) || info.Events < 1 {
-		return ulid.ULID{}, disagree
+	disagree := func(why string, a ...any) error {
+		return fmt.Errorf("%w: run %q: its index entry and its stream disagree on its last event: %s", ErrCorrupt, runID, fmt.Sprintf(why, a...))
+	}
+	switch {
+	case !started:
+		return ulid.ULID{}, disagree("the run has no first event on record")
+	case info.LastID == (ulid.ULID{}) || info.Events < 1:
+		return ulid.ULID{}, disagree("the entry names no last event")
 	}
 	v := log.Get(info.LastID[:])
 	if v == nil {
-		return ulid.ULID{}, disagree
+		return ulid.ULID{}, disagree("the entry names %s, which is not in the log", info.LastID)
 	}
-	if _, seq, _, err := splitLog(info.LastID, v); err != nil || seq != uint64(info.Events-1) {
-		return ulid.ULID{}, disagree
+	_, seq, _, err := splitLog(info.LastID, v)
+	switch {
+	case err != nil:
+		return ulid.ULID{}, disagree("%v", err)
+	case seq != uint64(info.Events-1):
+		return ulid.ULID{}, disagree("the entry names %s, the run's event %d, and counts %d events", info.LastID, seq, info.Events)
 	}
 	return info.LastID, nil
 }
@@ -256,61 +265,124 @@ func (l logLayout) read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r
 		r.Problem(err)
 		return 0, last, true
 	}
-	first := starts.Get([]byte(runID))
-	if !indexed {
-		return 0, last, first != nil
+	chain, problems, exists := l.chain(log, starts, runID, info, indexed)
+	for _, p := range problems {
+		r.Problem(p)
 	}
-	if first == nil {
-		r.Problem(fmt.Errorf("run %q has no first event on record", runID))
-	}
-	if info.LastID == (ulid.ULID{}) {
-		r.Problem(fmt.Errorf("run %q: its index entry names no last event", runID))
-		return 0, last, true
-	}
-	// Walk back from the last key, at most one step past the count (to
-	// see a chain longer than counted, and never loop on a damaged one).
-	type link struct {
-		key    ulid.ULID
-		sealed []byte
-	}
-	var chain []link
-	key := info.LastID
-	for key != (ulid.ULID{}) && len(chain) < info.Events {
-		v := log.Get(key[:])
-		if v == nil {
-			r.Problem(fmt.Errorf("event %s of the run's chain is missing: events are missing", key))
-			break
-		}
-		prev, seq, sealed, err := splitLog(key, v)
-		if err != nil {
-			r.Problem(err)
-			break
-		}
-		if want := uint64(info.Events - 1 - len(chain)); seq != want {
-			if len(chain) == 0 {
-				r.Problem(fmt.Errorf("the index entry names %s, the run's event %d, as its last event; it counts %d events: the tail is missing or was added", key, seq, info.Events))
-			} else {
-				r.Problem(fmt.Errorf("event %s is the run's event %d where event %d belongs: events are missing", key, seq, want))
-			}
-			break
-		}
-		if prev != (ulid.ULID{}) && prev.Compare(key) >= 0 || seq == 0 && prev != (ulid.ULID{}) {
-			r.Problem(fmt.Errorf("event %s (the run's event %d) links back to %s", key, seq, prev))
-			break
-		}
-		chain = append(chain, link{key, sealed})
-		key = prev
-		if key == (ulid.ULID{}) && first != nil && string(first) != string(chain[len(chain)-1].key[:]) {
-			r.Problem(fmt.Errorf("the chain starts at %s, the run's first event on record is %x: events are missing", chain[len(chain)-1].key, first))
-		}
-	}
-	for i := len(chain) - 1; i >= 0 && !r.Stopped(); i-- {
+	for i := 0; i < len(chain) && !r.Stopped(); i++ {
 		r.Value(chain[i].key, chain[i].sealed) // decoding copies what it keeps
 	}
 	if len(chain) > 0 {
-		last = chain[0].key
+		last = chain[len(chain)-1].key
 	}
-	return len(chain), last, true
+	return len(chain), last, exists
+}
+
+// chained is one event of a run's chain: its key and sealed value.
+type chained struct {
+	key    ulid.ULID
+	sealed []byte
+}
+
+// chain finds the run's events in order and what is wrong with them. It
+// walks back from the index entry's last key (indexed: the entry is sound),
+// at most as many steps as the entry counts, checking every link; where
+// that walk cannot reach the run's first event — a missing or damaged
+// event, or no usable entry — it also follows the links forward from the
+// first key on record, scanning the log after it, so every event a link
+// still reaches is returned, as a bucket per run returns what it holds.
+// exists reports whether the run has anything on record.
+func (logLayout) chain(log, starts *bolt.Bucket, runID string, info RunInfo, indexed bool) (chain []chained, problems []error, exists bool) {
+	first := starts.Get([]byte(runID))
+	if first != nil && len(first) != 16 {
+		problems = append(problems, fmt.Errorf("run %q: its first event on record, %x, is not a ULID", runID, first))
+		first = nil
+	}
+	var back []chained // newest first
+	reachedStart := false
+	if indexed {
+		if first == nil {
+			problems = append(problems, fmt.Errorf("run %q has no first event on record", runID))
+		}
+		if info.LastID == (ulid.ULID{}) {
+			problems = append(problems, fmt.Errorf("run %q: its index entry names no last event", runID))
+		}
+		key := info.LastID
+		for key != (ulid.ULID{}) && len(back) < info.Events {
+			v := log.Get(key[:])
+			if v == nil {
+				problems = append(problems, fmt.Errorf("event %s of the run's chain is missing: events are missing", key))
+				break
+			}
+			prev, seq, sealed, err := splitLog(key, v)
+			if err != nil {
+				problems = append(problems, err)
+				break
+			}
+			if want := uint64(info.Events - 1 - len(back)); seq != want {
+				if len(back) == 0 {
+					problems = append(problems, fmt.Errorf("the index entry names %s, the run's event %d, as its last event; it counts %d events: the tail is missing or was added", key, seq, info.Events))
+				} else {
+					problems = append(problems, fmt.Errorf("event %s is the run's event %d where event %d belongs: events are missing", key, seq, want))
+				}
+				break
+			}
+			if prev != (ulid.ULID{}) && prev.Compare(key) >= 0 || seq == 0 && prev != (ulid.ULID{}) {
+				problems = append(problems, fmt.Errorf("event %s (the run's event %d) links back to %s", key, seq, prev))
+				break
+			}
+			back = append(back, chained{key, sealed})
+			key = prev
+			if key == (ulid.ULID{}) {
+				reachedStart = true
+				if first != nil && ulid.ULID(first) != back[len(back)-1].key {
+					problems = append(problems, fmt.Errorf("the chain starts at %s, the run's first event on record is %s: events are missing", back[len(back)-1].key, ulid.ULID(first)))
+				}
+			}
+		}
+	}
+	if !reachedStart && first != nil {
+		// Forward from the first key to where the walk back stopped.
+		stop := ulid.ULID{}
+		if len(back) > 0 {
+			stop = back[len(back)-1].key
+		}
+		chain = forward(log, ulid.ULID(first), stop)
+	}
+	for i := len(back) - 1; i >= 0; i-- {
+		chain = append(chain, back[i])
+	}
+	return chain, problems, indexed || first != nil
+}
+
+// forward follows a run's links from its first event, scanning the log
+// after it for the value that links to the last one found, up to (not
+// including) stop, or the log's end when stop is zero. Values whose link
+// fails its checksum are skipped: nothing links through them.
+func forward(log *bolt.Bucket, first, stop ulid.ULID) []chained {
+	v := log.Get(first[:])
+	if v == nil {
+		return nil
+	}
+	prev, seq, sealed, err := splitLog(first, v)
+	if err != nil || seq != 0 || prev != (ulid.ULID{}) {
+		return nil
+	}
+	out := []chained{{first, sealed}}
+	c := log.Cursor()
+	for k, v := c.Seek(first[:]); k != nil; k, v = c.Next() {
+		if len(k) != len(first) {
+			continue
+		}
+		key := ulid.ULID(k)
+		if stop != (ulid.ULID{}) && key.Compare(stop) >= 0 {
+			break
+		}
+		if p, s, sealed, err := splitLog(key, v); err == nil && p == out[len(out)-1].key && s == seq+1 {
+			out, seq = append(out, chained{key, sealed}), s
+		}
+	}
+	return out
 }
 
 func (logLayout) exists(tx *bolt.Tx, runID string) bool {
@@ -332,28 +404,19 @@ func (l logLayout) orphans(tx *bolt.Tx, index *bolt.Bucket) ([]string, error) {
 	return out, err
 }
 
-// remove deletes the events the run's chain reaches (all of them in a
-// sound store; a damaged chain leaves what it cannot reach, which only a
-// full scan would find) and its first-key record.
+// remove deletes the events the run's chain reaches, walking back from the
+// last key and forward from the first (all of them in a sound store; in a
+// damaged one, an event no link reaches stays, which only a full scan
+// would find), and its first-key record.
 func (l logLayout) remove(tx *bolt.Tx, runID string, info RunInfo, indexed bool) error {
 	log, starts, err := l.buckets(tx)
 	if err != nil {
 		return err
 	}
-	if indexed {
-		for key, n := info.LastID, 0; key != (ulid.ULID{}) && n <= info.Events; n++ {
-			v := log.Get(key[:])
-			if v == nil {
-				break
-			}
-			prev, _, _, err := splitLog(key, v)
-			if err != nil {
-				break
-			}
-			if err := log.Delete(key[:]); err != nil {
-				return err
-			}
-			key = prev
+	chain, _, _ := l.chain(log, starts, runID, info, indexed)
+	for _, e := range chain {
+		if err := log.Delete(e.key[:]); err != nil {
+			return err
 		}
 	}
 	return starts.Delete([]byte(runID))
