@@ -17,7 +17,8 @@ import (
 // 1.0), which the log needs to find the run: it gets them from the stream,
 // and a checksum. The runs'
 // streams are merged in key order, so the log fills its pages as appends
-// do; dst commits every upgradeBatch bytes. A store that cannot be one log
+// do; dst commits every upgradeBatch bytes. It keeps a cursor per run
+// open while merging (memory grows with the number of runs, not events). A store that cannot be one log
 // — a value where a stream should be, a key that is not a ULID, a key two
 // runs share — is refused, and dst left for the caller to discard.
 func upgrade(dst, src *bolt.DB) error {
@@ -150,7 +151,9 @@ func (w *batchWriter) flush() error {
 			if b == nil {
 				return errors.New("kv: upgrade: a bucket of the new store is missing")
 			}
-			b.FillPercent = streamFillPercent // keys arrive in order
+			if !bytes.Equal(p.bucket, startsBucket) {
+				b.FillPercent = streamFillPercent // the log's and the index's keys arrive in order; run ids in starts do not
+			}
 			if err := b.Put(p.k, p.v); err != nil {
 				return err
 			}

@@ -186,7 +186,8 @@ type RunReader interface {
 // the error is what Load's would be (an *events.DamageError for damage,
 // found after the events that decoded were handed over), or fn's own,
 // which stops the scan. kv.Store implements it; Resume uses Load on stores
-// that do not.
+// that do not. kv reads inside one read transaction, so fn should not be
+// slow: a writer that must grow the file waits for the scan to end.
 type RunScanner interface {
 	Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error
 }
