@@ -18,9 +18,10 @@ import (
 // and a checksum. The runs'
 // streams are merged in key order, so the log fills its pages as appends
 // do; dst commits every upgradeBatch bytes. It keeps a cursor per run
-// open while merging (memory grows with the number of runs, not events). A store that cannot be one log
-// — a value where a stream should be, a key that is not a ULID, a key two
-// runs share — is refused, and dst left for the caller to discard.
+// open while merging (memory grows with the number of runs, not events).
+// A store that cannot be one log — a value where a stream should be, a key
+// that is not a ULID, a key two runs share — is refused, and dst left for
+// the caller to discard.
 func upgrade(dst, src *bolt.DB) error {
 	if err := dst.Update(func(tx *bolt.Tx) error { return makeFormat(tx, formatLog) }); err != nil {
 		return err
