@@ -153,13 +153,17 @@
 // last key, one point lookup per event, and checks every link: a missing
 // event, a link that fails its checksum or numbers the event out of turn,
 // a chain that does not start at the recorded first key, a count that does
-// not match. Append checks that the index entry's last key is in the log
+// not match. Where the walk back cannot reach the run's first event (an
+// event or the index entry damaged or gone), the links are also followed
+// forward from the first key on record, so every event a link still
+// reaches is returned beside the damage, as a bucket per run returns what
+// it holds. Append checks that the index entry's last key is in the log
 // and numbered last before minting after it, so a wrong entry cannot fork
-// the chain. Deleting a run walks its chain. What the log costs: a resume
-// reads by point lookups (BenchmarkResume), and a stream whose index entry
-// and first-key record are both gone cannot be found without a full scan
-// (in a bucket per run, deleting the bucket and the entry loses a run as
-// silently).
+// the chain. Deleting a run deletes every event its links reach. What the
+// log costs: a resume reads by point lookups (BenchmarkResume), and a
+// stream whose index entry and first-key record are both gone cannot be
+// found without a full scan (in a bucket per run, deleting the bucket and
+// the entry loses a run as silently).
 //
 // Files made before (format 1) keep their bucket per run, and new runs in
 // them get buckets too: both layouts sit behind one interface (layout.go)
