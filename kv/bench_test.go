@@ -398,6 +398,19 @@ func BenchmarkLayoutFloor(b *testing.B) {
 func textStep(b *testing.B) [][]byte { return textStepT(b) }
 
 func textStepT(b testing.TB) [][]byte {
+	var vals [][]byte
+	for _, ev := range textEvents(b) {
+		v, err := events.Marshal(ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		vals = append(vals, v)
+	}
+	return vals
+}
+
+// textEvents is a step's four records with issue 16's texts.
+func textEvents(b testing.TB) []events.Event {
 	src, err := os.ReadFile("store.go")
 	if err != nil {
 		b.Fatal(err)
@@ -409,15 +422,7 @@ func textStepT(b testing.TB) [][]byte {
 	sc.ActionOutcome = &events.ActionOutcome{Status: events.StatusExecuted, Observation: obs}
 	sc.Step.RawOutput, sc.Step.Observation = reply, "Observation: "+obs
 	evs[3] = sc
-	var vals [][]byte
-	for _, ev := range evs {
-		v, err := events.Marshal(ev)
-		if err != nil {
-			b.Fatal(err)
-		}
-		vals = append(vals, v)
-	}
-	return vals
+	return evs
 }
 
 // groupedRound commits one step of every run in runs as a step's two
