@@ -212,7 +212,7 @@ func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put([]byte("A"), append(v, 0xc0)) })
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put(entryOf(tx, "A"), append(v, 0xc0)) })
 	db.Close()
 	s, err = Open(path, Options{ReadOnly: true})
 	if err != nil {
@@ -258,8 +258,8 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 	}
 	db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(indexBucket)
-		v := b.Get([]byte("A"))
-		return b.Put([]byte("A"), []byte(strings.Replace(string(v), "running", "finishe", 1)))
+		v := b.Get(entryOf(tx, "A"))
+		return b.Put(entryOf(tx, "A"), []byte(strings.Replace(string(v), "running", "finishe", 1)))
 	})
 	db.Close()
 	s, err = Open(path, Options{})
@@ -317,12 +317,12 @@ func TestAMissingEventIsDamage(t *testing.T) {
 				db.Update(func(tx *bolt.Tx) error {
 					if which == "index names another tail" {
 						// The count still matches; only the last key does not.
-						info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+						info, _, err := readInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), "A")
 						if err != nil {
 							return err
 						}
 						info.LastID = envs[3].ID
-						_, err = writeInfo(tx.Bucket(indexBucket), info)
+						_, err = writeInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), info)
 						return err
 					}
 					return deleteEvent(tx, format, "A", victim)
@@ -407,18 +407,18 @@ func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
 				t.Fatal(err)
 			}
 			err = s.db.Update(func(tx *bolt.Tx) error {
-				info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+				info, _, err := readInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), "A")
 				if err != nil {
 					return err
 				}
 				info.LastID = envs[0].ID // sealed with a valid checksum, but wrong
-				if _, err := writeInfo(tx.Bucket(indexBucket), info); err != nil {
+				if _, err := writeInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), info); err != nil {
 					return err
 				}
 				if format == formatBuckets {
 					return tx.Bucket(runsBucket).Put([]byte("V"), []byte("not a stream"))
 				}
-				return tx.Bucket(startsBucket).Put([]byte("V"), envs[0].ID[:])
+				return tx.Bucket(startsBucket).Put([]byte("V"), envs[1].ID[:]) // a first key no entry is filed under
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -491,11 +491,11 @@ func TestARunOutlivesItsIndexEntry(t *testing.T) {
 				err = s.db.Update(func(tx *bolt.Tx) error {
 					index := tx.Bucket(indexBucket)
 					if damage == "gone" {
-						return index.Delete([]byte("A"))
+						return index.Delete(entryOf(tx, "A"))
 					}
-					v := bytes.Clone(index.Get([]byte("A")))
+					v := bytes.Clone(index.Get(entryOf(tx, "A")))
 					v[len(v)-1] ^= 1 // the entry's checksum fails
-					return index.Put([]byte("A"), v)
+					return index.Put(entryOf(tx, "A"), v)
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -554,9 +554,6 @@ func TestTheLogNamesWhatContradictsAnAppend(t *testing.T) {
 			v[20] ^= 1 // the event number
 			return log.Put(envs[2].ID[:], v)
 		}},
-		{"no first event on record", "no first event on record", func(tx *bolt.Tx, envs []events.Envelope) error {
-			return tx.Bucket(startsBucket).Delete([]byte("A"))
-		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "s.db")
@@ -585,33 +582,58 @@ func TestTheLogNamesWhatContradictsAnAppend(t *testing.T) {
 			}
 		})
 	}
-	t.Run("the first event on record elsewhere", func(t *testing.T) {
-		s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		envs, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:3]...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(startsBucket).Put([]byte("A"), envs[1].ID[:]) }); err != nil {
-			t.Fatal(err)
-		}
-		if got, err := s.Load(ctx, "A"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "first event on record") || len(got) != 3 {
-			t.Fatalf("Load: %d events, %v", len(got), err)
-		}
-	})
+	// The first key on record is how a run is found in the log (its index
+	// entry is filed under it): lost or moved, the run is damage Runs
+	// lists, by the run its entry names, and appends after its tail are
+	// refused.
+	for name, damage := range map[string]func(tx *bolt.Tx, envs []events.Envelope) error{
+		"no first event on record": func(tx *bolt.Tx, envs []events.Envelope) error {
+			return tx.Bucket(startsBucket).Delete([]byte("A"))
+		},
+		"the first event on record elsewhere": func(tx *bolt.Tx, envs []events.Envelope) error {
+			return tx.Bucket(startsBucket).Put([]byte("A"), envs[1].ID[:])
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			envs, err := s.Append(ctx, "A", ulid.ULID{}, proptest.SoundStream("A")[:3]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.db.Update(func(tx *bolt.Tx) error { return damage(tx, envs) }); err != nil {
+				t.Fatal(err)
+			}
+			if runs, err := s.Runs(ctx); err != nil || len(runs) == 0 || runs[0].RunID != "A" || runs[0].Status != StatusDamaged {
+				t.Fatalf("Runs: %+v, %v", runs, err)
+			}
+			if _, err := s.Append(ctx, "A", envs[2].ID, proptest.SoundStream("A")[3]); err == nil {
+				t.Fatal("an append after the run's tail landed")
+			}
+		})
+	}
 }
 
 // rewriteInfo changes run A's index entry and seals it again, as a writer
 // gone wrong would.
 func rewriteInfo(tx *bolt.Tx, change func(*RunInfo)) error {
-	info, _, err := readInfo(tx.Bucket(indexBucket), []byte("A"))
+	info, _, err := readInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), "A")
 	if err != nil {
 		return err
 	}
 	change(&info)
-	_, err = writeInfo(tx.Bucket(indexBucket), info)
+	_, err = writeInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), info)
 	return err
+}
+
+// entryOf is the key run's index entry is filed under in tx's store: its
+// first key in the log, its run id in a bucket per run.
+func entryOf(tx *bolt.Tx, run string) []byte {
+	if tx.Bucket(logBucket) != nil {
+		return logLayout{}.entryKey(tx, run)
+	}
+	return []byte(run)
 }

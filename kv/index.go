@@ -51,53 +51,58 @@ func infoSum(r *RunInfo, key []byte) uint32 {
 	return crc32.Checksum(b, castagnoli)
 }
 
-// readInfo reads runID's index entry: ok false when there is none, an
-// ErrCorrupt error when it does not decode, fails its checksum or is filed
-// under another run id.
-func readInfo(index *bolt.Bucket, key []byte) (info RunInfo, ok bool, err error) {
+// readInfo reads runID's index entry, filed under key (the layout's
+// entryKey; nil: none on record): ok false when there is none, an
+// ErrCorrupt error when it does not decode, fails its checksum or names
+// another run.
+func readInfo(index *bolt.Bucket, key []byte, runID string) (info RunInfo, ok bool, err error) {
+	if key == nil {
+		return RunInfo{}, false, nil
+	}
 	v := index.Get(key)
 	if v == nil {
 		return RunInfo{}, false, nil
 	}
-	info, err = decodeInfo(key, v)
+	info, err = decodeInfo(key, v, runID)
 	return info, true, err
 }
 
 // maxInfoSize bounds an index entry: a few hundred bytes in practice.
 const maxInfoSize = 64 << 10
 
-func decodeInfo(key, v []byte) (RunInfo, error) {
+// decodeInfo decodes the entry v filed under key, which must name runID.
+func decodeInfo(key, v []byte, runID string) (RunInfo, error) {
 	if len(v) > maxInfoSize {
-		return RunInfo{}, fmt.Errorf("%w: index entry of run %q is %d bytes, more than an entry can be", ErrCorrupt, key, len(v))
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q is %d bytes, more than an entry can be", ErrCorrupt, runID, len(v))
 	}
 	if err := events.WellFormed(v); err != nil {
-		return RunInfo{}, fmt.Errorf("%w: index entry of run %q is not a msgpack value: %v", ErrCorrupt, key, err)
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q is not a msgpack value: %v", ErrCorrupt, runID, err)
 	}
 	var st storedInfo
 	if err := msgpack.Unmarshal(v, &st); err != nil {
-		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, key, err)
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, runID, err)
 	}
 	if st.CRC != nil && *st.CRC != infoSum(&st.RunInfo, key) {
-		return RunInfo{}, fmt.Errorf("%w: index entry of run %q fails its checksum", ErrCorrupt, key)
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q fails its checksum", ErrCorrupt, runID)
 	}
-	if st.RunID != string(key) {
-		return RunInfo{}, fmt.Errorf("%w: index entry filed under run %q names run %q", ErrCorrupt, key, st.RunID)
+	if st.RunID != runID {
+		return RunInfo{}, fmt.Errorf("%w: index entry of run %q names run %q", ErrCorrupt, runID, st.RunID)
 	}
 	return st.RunInfo, nil
 }
 
-// writeInfo stores info, with its checksum, under its run id, and returns
-// the bytes stored.
-func writeInfo(index *bolt.Bucket, info RunInfo) ([]byte, error) {
-	v, err := encodeInfo(info)
+// writeInfo stores info, with its checksum, under key (the layout's
+// entryKey), and returns the bytes stored.
+func writeInfo(index *bolt.Bucket, key []byte, info RunInfo) ([]byte, error) {
+	v, err := encodeInfo(key, info)
 	if err != nil {
 		return nil, err
 	}
-	return v, index.Put([]byte(info.RunID), v)
+	return v, index.Put(key, v)
 }
 
-// encodeInfo is info as stored under its run id, with its checksum.
-func encodeInfo(info RunInfo) ([]byte, error) {
-	sum := infoSum(&info, []byte(info.RunID))
+// encodeInfo is info as stored under key, with its checksum.
+func encodeInfo(key []byte, info RunInfo) ([]byte, error) {
+	sum := infoSum(&info, key)
 	return msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
 }

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -32,6 +33,15 @@ type layout interface {
 	read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r *events.StreamReader) (n int, last ulid.ULID, exists bool)
 	// exists reports whether the run has a stream, sound or not.
 	exists(tx *bolt.Tx, runID string) bool
+	// entryKey is the key the run's index entry is filed under (nil: the
+	// run has none on record): its run id in format 1; in the log, its
+	// first key, so the entries of the runs being driven — the newest —
+	// sit together at the index's end and a commit serving 64 of them
+	// rewrites a leaf or two of the index, not one per run.
+	entryKey(tx *bolt.Tx, runID string) []byte
+	// entries calls fn with each index entry, its key and the run it is
+	// filed for ("" when the layout cannot tell).
+	entries(tx *bolt.Tx, fn func(key, v []byte, runID string) error) error
 	// orphans lists runs that have a stream but no index entry.
 	orphans(tx *bolt.Tx, index *bolt.Bucket) ([]string, error)
 	// remove deletes the run's stream.
@@ -128,6 +138,12 @@ func (l bucketLayout) read(tx *bolt.Tx, runID string, _ RunInfo, _ bool, r *even
 
 func (bucketLayout) exists(tx *bolt.Tx, runID string) bool {
 	return tx.Bucket(runsBucket).Get([]byte(runID)) != nil || tx.Bucket(runsBucket).Bucket([]byte(runID)) != nil
+}
+
+func (bucketLayout) entryKey(_ *bolt.Tx, runID string) []byte { return []byte(runID) }
+
+func (bucketLayout) entries(tx *bolt.Tx, fn func(key, v []byte, runID string) error) error {
+	return tx.Bucket(indexBucket).ForEach(func(k, v []byte) error { return fn(k, v, string(k)) })
 }
 
 func (bucketLayout) orphans(tx *bolt.Tx, index *bolt.Bucket) ([]string, error) {
@@ -389,14 +405,34 @@ func (logLayout) exists(tx *bolt.Tx, runID string) bool {
 	return tx.Bucket(startsBucket).Get([]byte(runID)) != nil
 }
 
+func (logLayout) entryKey(tx *bolt.Tx, runID string) []byte {
+	if first := tx.Bucket(startsBucket).Get([]byte(runID)); first != nil {
+		return bytes.Clone(first)
+	}
+	return nil
+}
+
+// entries lists the index with the run each entry is filed for, read from
+// the starts bucket ("" for an entry no run's first key names).
+func (logLayout) entries(tx *bolt.Tx, fn func(key, v []byte, runID string) error) error {
+	runs := map[string]string{}
+	if err := tx.Bucket(startsBucket).ForEach(func(k, v []byte) error {
+		runs[string(v)] = string(k)
+		return nil
+	}); err != nil {
+		return err
+	}
+	return tx.Bucket(indexBucket).ForEach(func(k, v []byte) error { return fn(k, v, runs[string(k)]) })
+}
+
 func (l logLayout) orphans(tx *bolt.Tx, index *bolt.Bucket) ([]string, error) {
 	_, starts, err := l.buckets(tx)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	err = starts.ForEach(func(k, _ []byte) error {
-		if index.Get(k) == nil {
+	err = starts.ForEach(func(k, first []byte) error {
+		if index.Get(first) == nil {
 			out = append(out, string(k))
 		}
 		return nil

@@ -39,8 +39,8 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
-			key := []byte(runID)
-			info, indexed, ierr := readInfo(index, key)
+			key := s.layout.entryKey(tx, runID) // before remove: in the log it is the run's first key
+			info, indexed, ierr := readInfo(index, key, runID)
 			switch {
 			case !indexed && !s.layout.exists(tx, runID):
 				return seams.ErrNoRun

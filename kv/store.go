@@ -2,6 +2,7 @@ package kv
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
@@ -633,8 +635,13 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		info    RunInfo
 		started bool
 		tail    ulid.ULID
+		raw     []byte
 	)
-	if raw := index.Get(key); raw != nil && s.written.holds(r.runID, raw) {
+	ekey := s.layout.entryKey(tx, r.runID)
+	if ekey != nil {
+		raw = index.Get(ekey)
+	}
+	if raw != nil && s.written.holds(r.runID, raw) {
 		// The entry is, byte for byte, the one this process wrote with the
 		// run's last append, so it decodes to what was written, and that
 		// append's events are in the stream it names (this process holds
@@ -642,7 +649,7 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		info, started, tail = s.written.entries[r.runID].info, true, s.written.entries[r.runID].info.LastID
 	} else {
 		var err error
-		if info, started, err = readInfo(index, key); err != nil {
+		if info, started, err = readInfo(index, ekey, r.runID); err != nil {
 			return err
 		}
 		if tail, err = s.layout.tail(tx, r.runID, info, started); err != nil {
@@ -680,7 +687,10 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.Observe(envs[i])
 	}
-	raw, err := writeInfo(index, info)
+	if ekey == nil {
+		ekey = s.layout.entryKey(tx, r.runID) // the run's first event put it on record
+	}
+	raw, err := writeInfo(index, ekey, info)
 	if err != nil {
 		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
 	}
@@ -837,7 +847,7 @@ func (s *Store) read(ctx context.Context, runID string, each func(events.Envelop
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
-			info, indexed, err := readInfo(index, []byte(runID))
+			info, indexed, err := readInfo(index, s.layout.entryKey(tx, runID), runID)
 			if err != nil {
 				r.Problem(err)
 			}
@@ -892,10 +902,17 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
-			if err := index.ForEach(func(k, v []byte) error {
-				info, err := decodeInfo(k, v)
+			if err := s.layout.entries(tx, func(k, v []byte, runID string) error {
+				if runID == "" {
+					// No run's first key names it: list it by the run it names, damaged.
+					var st storedInfo
+					_ = msgpack.Unmarshal(v, &st)
+					out = append(out, RunInfo{RunID: cmp.Or(st.RunID, fmt.Sprintf("(index entry %x)", k)), Status: StatusDamaged})
+					return nil
+				}
+				info, err := decodeInfo(k, v, runID)
 				if err != nil {
-					info = RunInfo{RunID: string(k), Status: StatusDamaged}
+					info = RunInfo{RunID: runID, Status: StatusDamaged}
 				}
 				out = append(out, info)
 				return nil

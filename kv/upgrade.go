@@ -12,16 +12,17 @@ import (
 
 // upgrade copies a format 1 store (src, a bucket per run) into dst as a
 // format 2 store (one log): every event's sealed value byte-identical under
-// the same key, behind its link header; index entries verbatim, except an
-// entry from before the store kept a run's last key and count (schema
-// 1.0), which the log needs to find the run: it gets them from the stream,
-// and a checksum. The runs'
+// the same key, behind its link header. Index entries keep their fields,
+// filed under the run's first key as the log files them (and sealed for
+// it); an entry from before the store kept a run's last key and count
+// (schema 1.0), which the log needs to find the run, gets them from the
+// stream. A damaged entry is filed as it is, damage Load will report. The runs'
 // streams are merged in key order, so the log fills its pages as appends
 // do; dst commits every upgradeBatch bytes. It keeps a cursor per run
 // open while merging (memory grows with the number of runs, not events).
 // A store that cannot be one log — a value where a stream should be, a key
-// that is not a ULID, a key two runs share — is refused, and dst left for
-// the caller to discard.
+// that is not a ULID, a key two runs share, an index entry of a run with
+// no stream — is refused, and dst left for the caller to discard.
 func upgrade(dst, src *bolt.DB) error {
 	if err := dst.Update(func(tx *bolt.Tx) error { return makeFormat(tx, formatLog) }); err != nil {
 		return err
@@ -70,24 +71,32 @@ func upgrade(dst, src *bolt.DB) error {
 				return err
 			}
 			last, st.prev, st.seq = key, key, st.seq+1
+			if st.seq == 1 {
+				st.first = key
+			}
 			if st.k, st.v = st.c.Next(); st.k == nil {
-				tails[string(st.run)] = runTail{st.prev, st.seq}
+				tails[string(st.run)] = runTail{st.first, st.prev, st.seq}
 				heap.Pop(&streams)
 			} else {
 				heap.Fix(&streams, 0)
 			}
 		}
 		err := index.ForEach(func(k, v []byte) error {
-			info, err := decodeInfo(k, v)
 			tail, ok := tails[string(k)]
-			if err != nil || info.LastID != (ulid.ULID{}) || !ok {
-				return w.put(indexBucket, k, v) // as it is: sound, or damage Load will report
+			if !ok {
+				return fmt.Errorf("%w: run %q has an index entry and no stream: the store cannot be one log (delete the run first)", ErrCorrupt, k)
 			}
-			info.LastID, info.Events = tail.last, int(tail.events)
-			if v, err = encodeInfo(info); err != nil {
+			info, err := decodeInfo(k, v, string(k))
+			if err != nil {
+				return w.put(indexBucket, tail.first[:], v) // damage, filed where Load looks
+			}
+			if info.LastID == (ulid.ULID{}) {
+				info.LastID, info.Events = tail.last, int(tail.events)
+			}
+			if v, err = encodeInfo(tail.first[:], info); err != nil {
 				return err
 			}
-			return w.put(indexBucket, k, v)
+			return w.put(indexBucket, tail.first[:], v)
 		})
 		if err != nil {
 			return err
@@ -96,19 +105,21 @@ func upgrade(dst, src *bolt.DB) error {
 	})
 }
 
-// runTail is a run's last key and event count, as the merge found them.
+// runTail is a run's first and last keys and event count, as the merge
+// found them.
 type runTail struct {
-	last   ulid.ULID
-	events uint64
+	first, last ulid.ULID
+	events      uint64
 }
 
 // stream is one run's bucket being merged into the log.
 type stream struct {
-	run  []byte
-	c    *bolt.Cursor
-	k, v []byte
-	prev ulid.ULID
-	seq  uint64
+	run   []byte
+	c     *bolt.Cursor
+	k, v  []byte
+	first ulid.ULID
+	prev  ulid.ULID
+	seq   uint64
 }
 
 // streamHeap orders streams by their next key.
