@@ -152,7 +152,7 @@
 //     driven — the newest — sit together at the index's end: with 20,000
 //     finished runs in the store, 64 runs' commits rewrote the index leaves
 //     their scattered ids fell in and ran 45 % slower than on a fresh store;
-//     filed by first key, 20 % (BenchmarkTextAppend/g=64/finished=20000).
+//     filed by first key, 7–20 % (BenchmarkTextAppend/g=64/finished=20000).
 //     What it costs: the first-key record is how a run is found; lost, the
 //     run's entry is listed as damaged under the run it names, and its
 //     events are not found without a full scan.

@@ -26,7 +26,7 @@ const usage = `polyloop-admin changes PolyLoop stores: deletes runs, compacts fi
 Usage:
   polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
   polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
-  polyloop-admin compact STORE                      rewrite a bbolt file without its free pages
+  polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
 
 STORE is a bbolt file or a postgres:// URL. A run being driven is never
 deleted. Exit status: 0 done, 1 a problem (a run refused, the store
