@@ -3,7 +3,10 @@
 // every broken rule, not just the first. Classify places the tail of a sound
 // log in the recovery table — which side effect, if any, a crash left in
 // doubt — and PlanFor says what Resume does about it. The engine's machine
-// asks PlanFor too, so the table lives in one place.
+// asks PlanFor too, so the table lives in one place. A Classifier is
+// Classify one event at a time, for a reader that streams a run instead of
+// holding it (engine.Resume over a seams.RunScanner); Classify is a loop
+// over it, so both apply the same rules.
 //
 // # Torn tails and corruption
 //

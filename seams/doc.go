@@ -26,7 +26,9 @@
 // A store may also implement RunLocker (RunLocks is the in-process one to
 // embed), which lets the engine refuse a second driver before it replays a
 // side effect declared safe; the tail rule is the guarantee, the lock a
-// courtesy.
+// courtesy. A store may implement RunScanner, which hands a run's events
+// over one at a time, so Resume never holds a long run's stream whole; and
+// RunDeleter, which deletes finished runs (package retention).
 //
 // What does not live here: implementations of the seams (kv.Store is the
 // bbolt RunStore; seams/seamstest holds test doubles) and the loop that
