@@ -376,42 +376,6 @@ func TestRunDeleterContract(t *testing.T) {
 	})
 }
 
-// TestScanHandsOverWhatLoadReturns: Scan gives fn the events Load returns,
-// in order, in both store formats; an error of fn's stops the scan there and
-// is returned as it is; a damaged stream hands over what decoded and then
-// fails as Load does.
-func TestScanHandsOverWhatLoadReturns(t *testing.T) {
-	ctx := context.Background()
-	for _, o := range []kv.Options{{}, kv.FormatBuckets(kv.Options{})} {
-		path := filepath.Join(t.TempDir(), "s.db")
-		s, err := kv.Open(path, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := s.Append(ctx, "r", ulid.ULID{}, proptest.SoundStream("r")...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []events.Envelope
-		if err := s.Scan(ctx, "r", func(env events.Envelope) error { got = append(got, env); return nil }); err != nil {
-			t.Fatal(err)
-		}
-		loaded, err := s.Load(ctx, "r")
-		if err != nil || !reflect.DeepEqual(got, loaded) || len(got) != len(want) {
-			t.Fatalf("Scan handed over %d events, Load returned %d (%v)", len(got), len(loaded), err)
-		}
-		stop := errors.New("enough")
-		calls := 0
-		if err := s.Scan(ctx, "r", func(events.Envelope) error { calls++; return stop }); err != stop || calls != 1 {
-			t.Fatalf("fn's error: Scan returned %v after %d calls", err, calls)
-		}
-		if err := s.Scan(ctx, "never-written", func(events.Envelope) error { t.Fatal("called"); return nil }); err != nil {
-			t.Fatalf("a run never written: %v", err)
-		}
-		s.Close()
-	}
-}
-
 // TestAPointerReplyIsTheLatestReply: a model result appended as a pointer
 // is the run's latest reply like a value one, so a step repeating the
 // earlier reply stores it rather than referring to the later one.

@@ -382,10 +382,31 @@ func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs 
 // without a gap, keys must increase, and the stream must have the length
 // and last key its index row names.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID) })
+	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil) })
 }
 
-func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, error) {
+var _ seams.RunScanner = (*Store)(nil)
+
+// Scan implements seams.RunScanner: Load's query and checks, handing the
+// events to fn one at a time as the rows arrive and keeping none. A
+// statement the server never received is retried as Load's are, but only
+// while fn has been given nothing: a scan is never repeated under it.
+func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
+	delivered := false
+	each := func(env events.Envelope) error {
+		delivered = true
+		return fn(env)
+	}
+	for attempt := 1; ; attempt++ {
+		_, err := s.load(ctx, runID, each)
+		if err == nil || delivered || attempt == 3 || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// load is Load, or with each set Scan.
+func (s *Store) load(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
 	q, done := s.sessionFor(runID)
 	defer done()
 	rows, err := q.Query(ctx, s.q.load, runID)
@@ -393,7 +414,7 @@ func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, erro
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 	}
 	defer rows.Close()
-	r := events.StreamReader{RunID: runID}
+	r := events.StreamReader{RunID: runID, Each: each}
 	var (
 		count   *int64
 		anchor  []byte
@@ -406,7 +427,7 @@ func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, erro
 		last    ulid.ULID
 		indexed bool
 	)
-	for rows.Next() {
+	for rows.Next() && !r.Stopped() {
 		if err := rows.Scan(&count, &anchor, &seq, &id, &kind, &value, &crc); err != nil {
 			return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 		}
@@ -450,7 +471,10 @@ func (s *Store) load(ctx context.Context, runID string) ([]events.Envelope, erro
 		}
 	}
 	out, err := r.Stream()
-	if err != nil {
+	switch {
+	case r.Stopped():
+		return nil, err // fn's own error, as it returned it
+	case err != nil:
 		return out, fmt.Errorf("pgstore: load run %q: %w: %w", runID, ErrCorrupt, err)
 	}
 	return out, nil

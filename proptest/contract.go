@@ -283,6 +283,31 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 		again()
 	})
+
+	t.Run("ScanHandsOverWhatLoadReturns", func(t *testing.T) {
+		s := open(t)
+		sc, ok := s.(seams.RunScanner)
+		if !ok {
+			t.Skip("the store does not implement seams.RunScanner")
+		}
+		mustAppend(t, s, "s", SoundStream("s")[:5]...)
+		mustAppend(t, s, "s", SoundStream("s")[5:]...)
+		var got []events.Envelope
+		if err := sc.Scan(ctx, "s", func(env events.Envelope) error { got = append(got, env); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if want := mustLoad(t, s, "s"); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Scan handed over %d events, Load returns %d (or they differ)", len(got), len(want))
+		}
+		stop := errors.New("enough")
+		calls := 0
+		if err := sc.Scan(ctx, "s", func(events.Envelope) error { calls++; return stop }); err != stop || calls != 1 {
+			t.Fatalf("fn's error: Scan returned %v after %d calls, want it as it is after 1", err, calls)
+		}
+		if err := sc.Scan(ctx, "never-written", func(events.Envelope) error { t.Fatal("fn called"); return nil }); err != nil {
+			t.Fatalf("a run never written: %v", err)
+		}
+	})
 }
 
 // exactlyOneWins runs try 50 times at once and requires exactly one to

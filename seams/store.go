@@ -185,9 +185,10 @@ type RunReader interface {
 // it whole. Scan calls fn with each event in order, with Load's checks:
 // the error is what Load's would be (an *events.DamageError for damage,
 // found after the events that decoded were handed over), or fn's own,
-// which stops the scan. kv.Store implements it; Resume uses Load on stores
-// that do not. kv reads inside one read transaction, so fn should not be
-// slow: a writer that must grow the file waits for the scan to end.
+// which stops the scan. kv.Store and pgstore.Store implement it; Resume
+// uses Load on stores that do not. kv reads inside one read transaction, so
+// fn should not be slow: a writer that must grow the file waits for the
+// scan to end.
 type RunScanner interface {
 	Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error
 }
