@@ -250,7 +250,12 @@ func (b blockedRuns) Load(context.Context, string) ([]events.Envelope, error) {
 func TestTheSinkNeverBlocks(t *testing.T) {
 	release := make(chan struct{})
 	sink := otelsink.New(tracetest.NewInMemoryExporter(), otelsink.Options{QueueSize: 4, Runs: blockedRuns{release}})
-	env := events.Envelope{Event: events.RunStarted{RunID: "r"}}
+	// Not a run_started: the worker looks the run's start up in Runs, which
+	// blocks until release, so the worker is stalled on the first event and
+	// the queue holds at most 4 more (a run_started never reaches Runs, and
+	// the worker kept up as fast as it could — how many were dropped was a
+	// matter of scheduling).
+	env := events.Envelope{Event: events.Intent{RunID: "r", IntentKind: events.IntentModelCall, ResultID: "m0"}}
 	dropped := 0
 	for range 100 {
 		if errors.Is(sink.Emit(context.Background(), env), otelsink.ErrDropped) {
