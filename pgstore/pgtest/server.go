@@ -112,11 +112,12 @@ func Start(o Options) (*Server, error) {
 		s.remove()
 		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
 	}
-	s.opts = []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", "fsync=off",
-		"-c", "max_connections=200", "-c", "shared_buffers=128MB"}
+	fsync := "fsync=off"
 	if o.Durable {
-		s.opts[6] = "fsync=on"
+		fsync = "fsync=on"
 	}
+	s.opts = []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", fsync,
+		"-c", "max_connections=200", "-c", "shared_buffers=128MB"}
 	if err := s.start(); err != nil {
 		s.remove()
 		return nil, err

@@ -2,6 +2,7 @@ package pgtest_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 )
@@ -58,5 +61,27 @@ func TestAServerDiesWithItsTestProcess(t *testing.T) {
 			t.Fatalf("server %d outlived its killed test process", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestADurableServerKeepsFsyncOn: the benchmarks' server (DurableDSN) runs
+// with fsync on and the tests' (DSN) with it off. (A misplaced option once
+// made the durable server fail to start, and every PostgreSQL benchmark
+// skipped without a word.)
+func TestADurableServerKeepsFsyncOn(t *testing.T) {
+	if os.Getenv(pgtest.DSNEnv) != "" {
+		t.Skip("the server is the one POLYLOOP_PG_DSN names")
+	}
+	for dsn, want := range map[string]string{pgtest.DurableDSN(t): "on", pgtest.DSN(t): "off"} {
+		conn, err := pgx.Connect(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = conn.QueryRow(context.Background(), "SHOW fsync").Scan(&got)
+		conn.Close(context.Background())
+		if err != nil || got != want {
+			t.Errorf("fsync is %q (%v), want %q", got, err, want)
+		}
 	}
 }
