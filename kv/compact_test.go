@@ -240,19 +240,11 @@ func TestCompactRefusesAFormat1StoreThatCannotBeOneLog(t *testing.T) {
 		}
 	}
 	s.Close()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
 		runs := tx.Bucket([]byte("runs"))
 		k, v := runs.Bucket([]byte("a")).Cursor().First()
 		return runs.Bucket([]byte("b")).Put(bytes.Clone(k), bytes.Clone(v))
 	})
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
 	before, _ := os.ReadFile(path)
 	if _, err := kv.Compact(path, kv.Options{}); !errors.Is(err, kv.ErrCorrupt) || !strings.Contains(err.Error(), "two runs") {
 		t.Fatalf("Compact: %v", err)
@@ -278,11 +270,7 @@ func TestCompactGivesAnOldIndexEntryItsAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte("index"))
 		var m map[string]any
 		if err := msgpack.Unmarshal(b.Get([]byte("old")), &m); err != nil {
@@ -297,10 +285,6 @@ func TestCompactGivesAnOldIndexEntryItsAnchors(t *testing.T) {
 		}
 		return b.Put([]byte("old"), v)
 	})
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := kv.Compact(path, kv.Options{NoSync: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -314,5 +298,19 @@ func TestCompactGivesAnOldIndexEntryItsAnchors(t *testing.T) {
 	}
 	if _, err := s.Append(ctx, "old", envs[4].ID, proptest.SoundStream("old")[5]); err != nil {
 		t.Fatalf("append after compaction: %v", err)
+	}
+}
+
+// rawUpdate changes the closed store file at path with bbolt directly, as
+// damage or another version's writer would.
+func rawUpdate(t *testing.T, path string, change func(tx *bolt.Tx) error) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(change)
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
 	}
 }

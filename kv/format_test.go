@@ -83,14 +83,7 @@ func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("polyloop")) }); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("polyloop")) })
 	for _, ro := range []bool{true, false, true} {
 		s, err := kv.Open(path, kv.Options{ReadOnly: ro})
 		if err != nil {
@@ -101,7 +94,7 @@ func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
 		}
 		s.Close()
 	}
-	db, err = bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
