@@ -20,7 +20,9 @@ import (
 // CurrentSchemaVersion is the codec's schema version, "major.minor". A reader
 // accepts any minor of a major it knows and refuses other majors. 1.1 added
 // the envelope's checksum; 1.2 an env_error's cause (ActionOutcome.EnvError),
-// a reply's token usage (ModelReply.Usage) and the stop reason token_budget.
+// a reply's token usage (ModelReply.Usage), the stop reason token_budget and
+// zstd-compressed payloads; 1.3 S2-compressed payloads and references by
+// which a step stores each text once (doc.go, "Schema 1.3").
 const CurrentSchemaVersion = "1.3"
 
 // currentMajor is the major of CurrentSchemaVersion.

@@ -70,8 +70,9 @@ func pageSizeOf(o Options) int {
 // split (bbolt's default, 0.5, suits random inserts).
 const streamFillPercent = 1.0
 
-// Store format versions, written at creation into the format marker: a
-// file keeps its layout for life (Compact copies it as it is).
+// Store format versions, written at creation into the format marker. A
+// file keeps its layout until Compact, which writes the current format (it
+// moves a format 1 file to the log).
 const (
 	formatBuckets = "1" // a nested bucket per run (bucketLayout)
 	formatLog     = "2" // one log of all events (logLayout): new files
@@ -476,8 +477,9 @@ func (s *Store) Parameters() map[string]string {
 // Append implements seams.RunStore. If ctx ends before the append was
 // taken into a transaction, nothing is written and ctx's error returned;
 // once taken, Append waits for the commit (a bounded disk write). The tail
-// check and the keys' floor read the run's bucket inside the transaction
-// that writes, so appends grouped into one transaction see each other.
+// check and the keys' floor read the run's index entry and its last event
+// (in format 1, the run's bucket) inside the transaction that writes, so
+// appends grouped into one transaction see each other.
 func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	if s.readOnly {
 		return nil, ErrReadOnly

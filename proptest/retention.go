@@ -25,10 +25,6 @@ type DeletingStore interface {
 // deleted run id can be started again. open must return a new, empty store.
 func RunDeleterContract(t *testing.T, open func(t *testing.T) DeletingStore) {
 	ctx := context.Background()
-	write := func(t *testing.T, s DeletingStore, run string, evs []events.Event) {
-		t.Helper()
-		AppendEach(t, s, run, evs)
-	}
 	gone := func(t *testing.T, s DeletingStore, run string, want bool) {
 		t.Helper()
 		stream, err := s.Load(ctx, run)
@@ -49,19 +45,19 @@ func RunDeleterContract(t *testing.T, open func(t *testing.T) DeletingStore) {
 	}
 	t.Run("AFinishedRunGoesWholeAndOthersStay", func(t *testing.T) {
 		s := open(t)
-		write(t, s, "old", SoundStream("old"))
-		write(t, s, "other", SoundStream("other"))
+		AppendEach(t, s, "old", SoundStream("old"))
+		AppendEach(t, s, "other", SoundStream("other"))
 		if err := s.DeleteRun(ctx, "old", false); err != nil {
 			t.Fatal(err)
 		}
 		gone(t, s, "old", true)
 		gone(t, s, "other", false)
-		write(t, s, "old", SoundStream("old")[:2]) // the id is free again
+		AppendEach(t, s, "old", SoundStream("old")[:2]) // the id is free again
 		gone(t, s, "old", false)
 	})
 	t.Run("AnUnfinishedRunOnlyWithForce", func(t *testing.T) {
 		s := open(t)
-		write(t, s, "live", SoundStream("live")[:3])
+		AppendEach(t, s, "live", SoundStream("live")[:3])
 		if err := s.DeleteRun(ctx, "live", false); !errors.Is(err, seams.ErrRunNotFinished) {
 			t.Fatalf("delete of an unfinished run: %v", err)
 		}
@@ -73,7 +69,7 @@ func RunDeleterContract(t *testing.T, open func(t *testing.T) DeletingStore) {
 	})
 	t.Run("ARunADriverHoldsIsRefused", func(t *testing.T) {
 		s := open(t)
-		write(t, s, "driven", SoundStream("driven"))
+		AppendEach(t, s, "driven", SoundStream("driven"))
 		release, err := s.LockRun("driven")
 		if err != nil {
 			t.Fatal(err)

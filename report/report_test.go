@@ -86,14 +86,7 @@ func TestListClassifiesNewestFirst(t *testing.T) {
 	store := &seamstest.MemStore{}
 	ctx := context.Background()
 	sound := proptest.SoundStream("sound")
-	prev := ulid.ULID{}
-	for _, ev := range sound {
-		envs, err := store.Append(ctx, "sound", prev, ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		prev = envs[0].ID
-	}
+	proptest.AppendEach(t, store, "sound", sound)
 	time.Sleep(2 * time.Millisecond)
 	if _, err := store.Append(ctx, "started", ulid.ULID{}, events.RunStarted{RunID: "started", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
 		t.Fatal(err)

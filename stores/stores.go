@@ -1,7 +1,7 @@
 // Package stores opens the store a command-line argument names: a bbolt
 // file path (package kv) or a postgres:// URL (package pgstore). It is the
-// one place that choice is made, so polyloop-demo, polyloop-inspect and the
-// examples accept both without repeating it.
+// one place that choice is made, so polyloop-demo, polyloop-inspect,
+// polyloop-admin and the examples accept both without repeating it.
 //
 // What does not live here: the stores themselves and their rules.
 package stores
