@@ -78,11 +78,8 @@ func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
 		r.Problem(err)
 		return Envelope{}, false
 	}
-	if mr, ok := env.Event.(ModelCallResult); ok {
-		r.reply = streamReply{}
-		if mr.Reply != nil {
-			r.reply.content = &mr.Reply.Content
-		}
+	if content, changed := ReplyAfter(env.Event); changed {
+		r.reply = streamReply{content: content}
 	}
 	if r.Each != nil {
 		r.stop = r.Each(env)

@@ -32,6 +32,29 @@ type stepRefs struct {
 	ActionAt         []int    `msgpack:"action_at,omitempty"`
 }
 
+// ReplyAfter says what a stream's latest model reply is once ev is in it:
+// changed is false when ev is not a model_call_result (the latest reply
+// stays what it was); otherwise content is the reply's text, nil for a
+// failed call. Writers that refer to the latest reply (AppendMarshalAfter)
+// and StreamReader, which resolves such references, track it by this one
+// rule.
+func ReplyAfter(ev Event) (content *string, changed bool) {
+	var mr ModelCallResult
+	switch e := ev.(type) {
+	case ModelCallResult:
+		mr = e
+	case *ModelCallResult:
+		mr = *e
+	default:
+		return nil, false
+	}
+	if mr.Reply == nil {
+		return nil, true
+	}
+	text := mr.Reply.Content
+	return &text, true
+}
+
 // refMin is the shortest text worth a reference.
 const refMin = 64
 

@@ -726,20 +726,10 @@ type latestReply struct {
 
 // after is the latest reply once ev is appended.
 func (l latestReply) after(ev events.Event) latestReply {
-	var mr events.ModelCallResult
-	switch e := ev.(type) {
-	case events.ModelCallResult:
-		mr = e
-	case *events.ModelCallResult:
-		mr = *e
-	default:
-		return l
+	if content, changed := events.ReplyAfter(ev); changed {
+		return latestReply{known: true, content: content}
 	}
-	if mr.Reply == nil {
-		return latestReply{known: true}
-	}
-	content := mr.Reply.Content
-	return latestReply{known: true, content: &content}
+	return l
 }
 
 // at is runID's latest reply as of tail: for a run never written (a zero
