@@ -45,7 +45,13 @@ type Run struct {
 // Classify is the run whose index entry is info, from its loaded stream.
 func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
 	v, err := recovery.ClassifyLoaded(info.RunID, stream, loadErr)
-	r := Run{Info: info, Verdict: v, Err: err, Usage: projections.Fold(stream).Usage()}
+	return Classified(info, v, err, projections.Fold(stream).Usage())
+}
+
+// Classified is Classify for a caller that has classified and folded the
+// stream already (recovery.ClassifyLoaded's v and err, the fold's usage).
+func Classified(info seams.RunInfo, v recovery.Verdict, err error, usage events.UsageTotals) Run {
+	r := Run{Info: info, Verdict: v, Err: err, Usage: usage}
 	switch {
 	case err != nil:
 		r.Status = Corrupt

@@ -244,7 +244,8 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 		}
 		seen = n
 	}
-	if stream, err := h.store.Load(r.Context(), id); err == nil && len(stream) == 0 {
+	stream, err := h.store.Load(r.Context(), id)
+	if err == nil && len(stream) == 0 {
 		http.Error(w, fmt.Sprintf("no run %q", clip(id, 80)), http.StatusNotFound)
 		return
 	}
@@ -264,7 +265,6 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 	tick := time.NewTicker(h.o.Poll)
 	defer tick.Stop()
 	for {
-		stream, err := h.store.Load(r.Context(), id)
 		if err != nil && r.Context().Err() == nil {
 			fmt.Fprintf(w, "event: error\ndata: %s\n\n", jsonString(err.Error()))
 			flusher.Flush()
@@ -284,6 +284,7 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-tick.C:
 		}
+		stream, err = h.store.Load(r.Context(), id)
 	}
 }
 
@@ -339,14 +340,9 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 	}
 	log := projections.Fold(stream)
 	v, err := recovery.ClassifyLoaded(id, stream, loadErr)
-	info := seams.RunInfo{RunID: id, Steps: len(log.Steps), Events: len(stream)}
-	if len(stream) > 0 {
-		info.FirstEvent, info.LastEvent = stream[0].Time(), stream[len(stream)-1].Time()
-	}
-	if log.Finished != nil {
-		info.StopReason = log.Finished.Result.StopReason
-	}
-	page := runPage{RunID: id, Run: report.Classify(info, stream, loadErr), Verdict: report.Verdict(id, stream, v, err),
+	info := projections.Summarize(stream)
+	info.RunID = id // also when the first event did not decode
+	page := runPage{RunID: id, Run: report.Classified(info, v, err, log.Usage()), Verdict: report.Verdict(id, stream, v, err),
 		Finished:  log.Finished != nil,
 		FollowURL: "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}}.Encode()}
 	causes := map[int]string{}
@@ -354,11 +350,12 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		causes[e.Step] = e.Cause
 	}
 	tokens := report.StepTokens(log)
+	trajectory := log.Trajectory()
 	longest := int64(1)
-	for _, s := range log.Trajectory() {
+	for _, s := range trajectory {
 		longest = max(longest, s.StepWallMs)
 	}
-	for i, s := range log.Trajectory() {
+	for i, s := range trajectory {
 		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
 			EnvError: causes[s.StepIdx]})
 	}
