@@ -88,7 +88,8 @@ id, status, steps, stop reason, first and last event time. Status is one of
   in_doubt  a crash (or a live run) left a side effect's outcome unknown (see verify)
   corrupt   the log breaks a structural rule (see verify)
 With --json, one JSON object per run: run_id, status, steps, events,
-stop_reason, started, last_event, final_answer (null when absent).
+stop_reason, started, last_event, final_answer (null when absent), usage
+(the run's token counts).
 
 Filters:
   --status S        only runs with status S (repeatable: any of them)
@@ -109,8 +110,8 @@ no other process holds it (mount the viewer in the agent's process).
 `},
 	{name: "steps", min: 2, max: 2, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
-Prints RUN's trajectory as a table, with the cause of an env_error under its
-step. With --json, JSON Lines with exactly the eighteen StepRecord fields
+Prints RUN's trajectory as a table, then the run's usage and the cause of
+each env_error, by step. With --json, JSON Lines with exactly the eighteen StepRecord fields
 (absent values are null), readable as is by a data-frame library; for many
 runs in one table, see export.
 `},
