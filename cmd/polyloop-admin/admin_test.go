@@ -111,3 +111,18 @@ func TestAdminOnPostgres(t *testing.T) {
 		t.Fatalf("compact of a URL: %d\n%s", code, out)
 	}
 }
+
+// TestHelpIsNotBadUsage: --help after a command prints the usage to
+// stdout and exits 0, as polyloop-inspect does; a flag a command does not
+// know is bad usage.
+func TestHelpIsNotBadUsage(t *testing.T) {
+	for _, args := range [][]string{{"gc", "--help"}, {"delete", "-h"}} {
+		var out, errOut strings.Builder
+		if code := run(args, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "Usage:") || errOut.Len() != 0 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out.String(), errOut.String())
+		}
+	}
+	if code, out := admin("gc", "--finished-after", "1h", "x.db"); code != exitUsage || !strings.Contains(out, "finished-after") {
+		t.Errorf("an unknown flag: %d\n%s", code, out)
+	}
+}

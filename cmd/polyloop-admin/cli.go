@@ -6,9 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
+	"github.com/polyloop/polyloop/cmd/internal/cliflags"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/retention"
 	"github.com/polyloop/polyloop/stores"
@@ -42,22 +42,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	force := fs.Bool("force", false, "delete unfinished runs too")
 	before := fs.Duration("finished-before", 0, "age of the runs gc deletes")
-	var flags, pos []string
-	for i := 1; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "--finished-before" || a == "-finished-before":
-			flags = append(flags, a)
-			if i+1 < len(args) {
-				i++
-				flags = append(flags, args[i])
-			}
-		case strings.HasPrefix(a, "-"):
-			flags = append(flags, a)
-		default:
-			pos = append(pos, a)
-		}
-	}
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "polyloop-admin %s: "+format+"\n\n%s", append([]any{args[0]}, append(a, usage)...)...)
 		return exitUsage
@@ -70,7 +54,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		return bad("unknown command")
 	}
-	if err := fs.Parse(flags); err != nil {
+	pos, err := cliflags.Parse(fs, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	if err != nil {
 		return bad("%v", err)
 	}
 	ctx := context.Background()

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/polyloop/polyloop/cmd/internal/cliflags"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/stores"
@@ -174,21 +175,8 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 		cmd.flags(fs, c)
 	}
 	// Flags may come before or after the positional arguments.
-	var flags, positional []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			positional = append(positional, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") && !isBool(f) && i+1 < len(args) {
-			i++
-			flags = append(flags, args[i])
-		}
-	}
-	if err := fs.Parse(flags); err != nil {
+	positional, err := cliflags.Parse(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, cmd.help)
 			return exitOK
@@ -206,11 +194,6 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	return cmd.run(c)
-}
-
-func isBool(f *flag.Flag) bool {
-	b, ok := f.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
 }
 
 // openStore opens a store file or a postgres:// URL read-only, waiting a
