@@ -68,6 +68,24 @@ func Classified(info seams.RunInfo, v recovery.Verdict, err error, usage events.
 // List is every run of the store, newest first (by first event; ties by
 // run id), classified.
 func List(ctx context.Context, s seams.RunReader) ([]Run, error) {
+	infos, err := Newest(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Run, 0, len(infos))
+	for _, info := range infos {
+		stream, err := s.Load(ctx, info.RunID)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		out = append(out, Classify(info, stream, err))
+	}
+	return out, nil
+}
+
+// Newest is the store's index, newest run first (by first event; ties by
+// run id), without loading any stream: the order List classifies in.
+func Newest(ctx context.Context, s seams.RunReader) ([]seams.RunInfo, error) {
 	infos, err := s.Runs(ctx)
 	if err != nil {
 		return nil, err
@@ -78,15 +96,7 @@ func List(ctx context.Context, s seams.RunReader) ([]Run, error) {
 		}
 		return strings.Compare(a.RunID, b.RunID)
 	})
-	out := make([]Run, 0, len(infos))
-	for _, info := range infos {
-		stream, err := s.Load(ctx, info.RunID)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		out = append(out, Classify(info, stream, err))
-	}
-	return out, nil
+	return infos, nil
 }
 
 // Filter selects runs of a listing; the zero value keeps every run.

@@ -25,12 +25,8 @@ func exportCommand(c *call) int {
 	defer s.Close()
 	ids := []string(c.runs)
 	if len(ids) == 0 {
-		runs, ok := c.listRuns(s)
-		if !ok {
+		if ids, ok = c.oldestFirst(s); !ok {
 			return exitProblem
-		}
-		for i := len(runs) - 1; i >= 0; i-- {
-			ids = append(ids, runs[i].Info.RunID)
 		}
 	}
 	code := exitOK

@@ -44,6 +44,21 @@ func (f *runFilter) check() error {
 	return nil
 }
 
+// oldestFirst is the store's run ids in the order they started, from its
+// index (no stream is loaded); it reports a failure itself.
+func (c *call) oldestFirst(s seams.RunReader) ([]string, bool) {
+	infos, err := report.Newest(context.Background(), s)
+	if err != nil {
+		c.fail("%s", escape(err.Error()))
+		return nil, false
+	}
+	ids := make([]string, 0, len(infos))
+	for i := len(infos) - 1; i >= 0; i-- {
+		ids = append(ids, infos[i].RunID)
+	}
+	return ids, true
+}
+
 // listRuns is the store's runs, newest first, classified; it reports a
 // failure itself.
 func (c *call) listRuns(s seams.RunReader) ([]report.Run, bool) {

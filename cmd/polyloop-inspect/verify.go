@@ -21,12 +21,8 @@ func verifyCommand(c *call) int {
 	if len(c.args) == 2 {
 		ids = []string{c.args[1]}
 	} else {
-		runs, ok := c.listRuns(s)
-		if !ok {
+		if ids, ok = c.oldestFirst(s); !ok { // as they happened
 			return exitProblem
-		}
-		for i := len(runs) - 1; i >= 0; i-- { // oldest first, as they happened
-			ids = append(ids, runs[i].Info.RunID)
 		}
 	}
 	enc := json.NewEncoder(c.stdout)
