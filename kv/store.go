@@ -643,12 +643,12 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	if ekey != nil {
 		raw = index.Get(ekey)
 	}
-	if raw != nil && s.written.holds(r.runID, raw) {
+	if e, ok := s.written.match(r.runID, raw); ok {
 		// The entry is, byte for byte, the one this process wrote with the
 		// run's last append, so it decodes to what was written, and that
 		// append's events are in the stream it names (this process holds
 		// the file's only write lock). Load still verifies all of it.
-		info, started, tail = s.written.entries[r.runID].info, true, s.written.entries[r.runID].info.LastID
+		info, started, tail = e.info, true, e.info.LastID
 	} else {
 		var err error
 		if info, started, err = readInfo(index, ekey, r.runID); err != nil {
@@ -778,9 +778,11 @@ type writtenEntry struct {
 
 const maxWrittenEntries = 1 << 14
 
-func (w *writtenEntries) holds(runID string, raw []byte) bool {
+// match is runID's remembered entry when raw, the entry in the index, is
+// byte for byte the one remembered.
+func (w *writtenEntries) match(runID string, raw []byte) (writtenEntry, bool) {
 	e, ok := w.entries[runID]
-	return ok && bytes.Equal(e.raw, raw)
+	return e, ok && raw != nil && bytes.Equal(e.raw, raw)
 }
 
 func (w *writtenEntries) put(info RunInfo, raw []byte) {
