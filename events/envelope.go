@@ -183,6 +183,7 @@ type pooledEncoder struct {
 	enc        *msgpack.Encoder
 	payloadBuf *bytes.Buffer // the payload, encoded first to decide on compression
 	payload    *msgpack.Encoder
+	z          []byte // the compressed payload, reused (copied into buf before the encoder goes back to the pool)
 }
 
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
@@ -246,7 +247,8 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 		}
 		raw := p.payloadBuf.Bytes()
 		if len(raw) >= compressMin {
-			if z := s2.Encode(nil, raw); len(z) <= len(raw)-len(raw)/8 {
+			p.z = s2.Encode(p.z[:cap(p.z)], raw)
+			if z := p.z; len(z) <= len(raw)-len(raw)/8 {
 				return "payload_s2", z, refs, nil
 			}
 		}
