@@ -1,0 +1,58 @@
+package kv
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+	"pgregory.net/rapid"
+
+	"github.com/polyloop/polyloop/events"
+)
+
+// reflectedInfo is storedInfo without its EncodeMsgpack: what msgpack's
+// reflection writes for the same fields and tags.
+type reflectedInfo struct {
+	RunInfo `msgpack:",inline"`
+	CRC     *uint32 `msgpack:"crc"`
+}
+
+// The leader encodes index entries by hand; the bytes must be the ones the
+// struct's reflection writes, which every reader decodes.
+func TestTheEntryEncodingIsReflections(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		info := RunInfo{
+			RunID:      rapid.String().Draw(t, "run"),
+			Status:     rapid.SampledFrom([]Status{StatusRunning, StatusFinished, ""}).Draw(t, "status"),
+			Steps:      rapid.IntRange(-1, 1<<40).Draw(t, "steps"),
+			Events:     rapid.Int().Draw(t, "events"),
+			StopReason: events.StopReason(rapid.String().Draw(t, "stop")),
+			FirstEvent: time.Unix(rapid.Int64Range(-1<<40, 1<<40).Draw(t, "first"), rapid.Int64Range(0, 999999999).Draw(t, "firstns")),
+			LastEvent:  time.UnixMilli(rapid.Int64Range(0, 1<<45).Draw(t, "last")).UTC(),
+		}
+		if rapid.Bool().Draw(t, "zero times") {
+			info.FirstEvent, info.LastEvent = time.Time{}, time.Time{}
+		}
+		if rapid.Bool().Draw(t, "has last id") {
+			info.LastID = ulid.ULID(rapid.SliceOfN(rapid.Byte(), 16, 16).Draw(t, "last id"))
+		}
+		var crc *uint32
+		if rapid.Bool().Draw(t, "has crc") {
+			c := rapid.Uint32().Draw(t, "crc")
+			crc = &c
+		}
+		want, err := msgpack.Marshal(&reflectedInfo{RunInfo: info, CRC: crc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := msgpack.Marshal(&storedInfo{RunInfo: info, CRC: crc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("hand-written entry\n%x\nreflection\n%x", got, want)
+		}
+	})
+}
