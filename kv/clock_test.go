@@ -3,11 +3,13 @@ package kv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
@@ -79,5 +81,67 @@ func TestKeysStayOrderedAfterTheClockStepsBack(t *testing.T) {
 	}
 	if last := stream[len(stream)-1].ID; last.Compare(future) <= 0 {
 		t.Fatalf("the last key %s is not after the future key %s", last, future)
+	}
+}
+
+// TestAKeyAnotherRunHoldsIsNeverOverwritten: a run's tail is ahead of the
+// clock, so its next key is the one right after its tail; when that key is
+// already in the log (here a value put there by hand), the append takes the
+// next free key and the value under the held key stays as it was.
+func TestAKeyAnotherRunHoldsIsNeverOverwritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runs.db")
+	ctx := context.Background()
+	stream := proptest.SoundStream("A")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.clock = func() time.Time { return time.Now().Add(time.Hour) }
+	envs, err := s.Append(ctx, "A", ulid.ULID{}, stream[:2]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	held := envs[1].ID // the key right after the tail, as a clock behind it mints
+	for i := len(held) - 1; i >= 6; i-- {
+		if held[i]++; held[i] != 0 {
+			break
+		}
+	}
+	foreign := []byte("a value under a key another writer holds")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket(logBucket).Put(held[:], foreign) })
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+
+	if s, err = Open(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	next, err := s.Append(ctx, "A", envs[1].ID, stream[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next[0].ID == held {
+		t.Fatalf("the append took the held key %s", held)
+	}
+	if next[0].ID.Compare(held) < 0 {
+		t.Fatalf("the append's key %s is before the held key %s after the tail", next[0].ID, held)
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(logBucket).Get(held[:]); string(v) != string(foreign) {
+			return fmt.Errorf("the value under the held key is now %q", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Load(ctx, "A"); err != nil || len(got) != 3 {
+		t.Fatalf("load: %d events, %v", len(got), err)
 	}
 }

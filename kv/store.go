@@ -121,7 +121,14 @@ type Store struct {
 	clock    func() time.Time // time.Now; tests set a clock that is off
 	layout   layout           // the file's, by its format version
 	written  writtenEntries   // index entries this process wrote; used only inside write transactions
-	replies  replies          // each run's latest reply, as of its tail
+	// highest is the log's highest key since this process first wrote to
+	// it (a rolled-back key may raise it: it only ever errs high); used
+	// only inside write transactions.
+	highest struct {
+		key   ulid.ULID
+		known bool
+	}
+	replies replies // each run's latest reply, as of its tail
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
@@ -677,7 +684,7 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	for i, ev := range r.evs {
 		prev := tail
 		tail = s.ids.NextAfter(now, tail)
-		for s.layout.taken(tx, r.runID, tail) {
+		for s.taken(tx, r.runID, tail) {
 			tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
 		}
 		if err := events.Seal(r.vals[i][logHeader:], r.runID, tail); err != nil {
@@ -685,6 +692,9 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		}
 		if err := s.layout.put(tx, r.runID, uint64(info.Events), prev, tail, r.vals[i]); err != nil {
 			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
+		}
+		if tail.Compare(s.highest.key) > 0 {
+			s.highest.key = tail
 		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.Observe(envs[i])
@@ -774,6 +784,25 @@ type writtenEntries struct {
 type writtenEntry struct {
 	info RunInfo
 	raw  []byte
+}
+
+// taken reports whether key is already in use where runID's next event
+// would be stored. In the log, a key above every key it has held since this
+// process first wrote to it is free without a look: keys are put only by
+// this process's appends while it holds the file.
+func (s *Store) taken(tx *bolt.Tx, runID string, key ulid.ULID) bool {
+	if _, inLog := s.layout.(logLayout); inLog {
+		if !s.highest.known {
+			if k, _ := tx.Bucket(logBucket).Cursor().Last(); k != nil {
+				copy(s.highest.key[:], k)
+			}
+			s.highest.known = true
+		}
+		if key.Compare(s.highest.key) > 0 {
+			return false
+		}
+	}
+	return s.layout.taken(tx, runID, key)
 }
 
 const maxWrittenEntries = 1 << 14
