@@ -591,6 +591,20 @@ func (s *Store) lead() {
 	s.mu.Unlock()
 }
 
+// join takes requests queued since group was taken into it, up to
+// maxGroup in all.
+func (s *Store) join(group []*appendRequest) []*appendRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(len(s.queue), s.maxGroup-len(group))
+	for _, r := range s.queue[:n] {
+		r.taken = true
+	}
+	group = append(group, s.queue[:n]...)
+	s.queue = s.queue[n:]
+	return group
+}
+
 func (s *Store) commit(group []*appendRequest) {
 	err := withFaultsAsPanics(func() (err error) {
 		return s.db.Update(func(tx *bolt.Tx) error {
@@ -598,14 +612,20 @@ func (s *Store) commit(group []*appendRequest) {
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
-			for _, r := range group {
+			for i := 0; ; i++ {
+				if i == len(group) {
+					// Appends queued while the group was applied join it.
+					if group = s.join(group); i == len(group) {
+						return nil
+					}
+				}
+				r := group[i]
 				r.err = s.apply(tx, index, r)
 				var w *writeError
 				if errors.As(r.err, &w) {
 					return r.err // part of r may be written: the whole group rolls back
 				}
 			}
-			return nil
 		})
 	})
 	if err == nil {
