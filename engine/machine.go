@@ -516,8 +516,8 @@ func (m *machine) record(in input) events.StepRecord {
 	}
 	if r := m.cur.reply; r != nil {
 		rec.RawOutput = m.parsed().HistoryText
-		rec.ContentChars = utf8.RuneCountInString(r.Content)
-		rec.ThinkingChars = utf8.RuneCountInString(r.Thinking)
+		rec.ContentChars = chars(r.Content)
+		rec.ThinkingChars = chars(r.Thinking)
 		if r.CallID != "" {
 			id := r.CallID
 			rec.CallID = &id
@@ -556,11 +556,36 @@ func (m *machine) wrap(obs string) string {
 	return strings.Replace(m.cfg.obsTemplate, "{observation}", obs, 1)
 }
 
+// chars is utf8.RuneCountInString, striding through ASCII a word at a
+// time: prompts and replies are counted with every step, and are mostly
+// ASCII. An invalid byte counts as one, as there.
+func chars(s string) int {
+	n := 0
+	for len(s) > 0 {
+		i := 0
+		for len(s)-i >= 8 && asciiWord(s[i:i+8]) {
+			i += 8
+		}
+		n, s = n+i, s[i:]
+		if len(s) > 0 {
+			_, size := utf8.DecodeRuneInString(s)
+			n, s = n+1, s[size:]
+		}
+	}
+	return n
+}
+
+// asciiWord reports whether the 8 bytes of w are all ASCII.
+func asciiWord(w string) bool {
+	return (uint64(w[0])|uint64(w[1])<<8|uint64(w[2])<<16|uint64(w[3])<<24|
+		uint64(w[4])<<32|uint64(w[5])<<40|uint64(w[6])<<48|uint64(w[7])<<56)&0x8080808080808080 == 0
+}
+
 func messageChars(msg seams.Message) int {
 	n := 0
 	for _, b := range msg.Content {
 		if t, ok := b.(seams.TextBlock); ok {
-			n += utf8.RuneCountInString(t.Text)
+			n += chars(t.Text)
 		}
 	}
 	return n
