@@ -195,7 +195,11 @@ func (d *driver) append(ctx, wctx context.Context, evs []events.Event) ([]events
 		for _, env := range envs {
 			d.emit(wctx, env)
 		}
-		out = append(out, envs...)
+		if out == nil {
+			out = envs[:len(envs):len(envs)] // one group, the usual case: no copy
+		} else {
+			out = append(out, envs...)
+		}
 	}
 	return out, nil
 }
