@@ -62,8 +62,14 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) ./recovery
 
 # Benchmarks beside the raw bbolt and pgx floors; see BENCHMARKS.md.
+# COUNT rounds, each running every benchmark once, so that a ratio's two
+# sides (a floor and PolyLoop, runs=1 and runs=64) are medians of
+# interleaved runs rather than of runs minutes apart.
 bench:
-	$(GO) test -run '^$$' -bench '$(BENCH)' -count=$(COUNT) ./events ./kv ./engine > bench.out
+	: > bench.out
+	for i in $$(seq $(COUNT)); do \
+		$(GO) test -run '^$$' -bench '$(BENCH)' -count=1 ./events ./kv ./engine >> bench.out || exit 1; \
+	done
 	$(GO) run ./cmd/polyloop-benchtable < bench.out
 
 # The main job: a demo run on a store file in the working directory, then an
