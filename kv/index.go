@@ -38,7 +38,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // sum is the entry's checksum: every field, in a fixed order, with the key
 // it is filed under.
 func infoSum(r *RunInfo, key []byte) uint32 {
-	b := binary.AppendUvarint(nil, uint64(len(key)))
+	var buf [256]byte // an entry fits in practice: one allocation, not one per doubling
+	b := binary.AppendUvarint(buf[:0], uint64(len(key)))
 	b = append(b, key...)
 	for _, s := range []string{r.RunID, string(r.Status), string(r.StopReason)} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
