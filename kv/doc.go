@@ -18,8 +18,11 @@
 // appender that finds no commit in progress becomes the leader and commits,
 // in its own goroutine, every append queued at that moment in one bbolt
 // transaction, so one fsync serves them all; each caller returns only when
-// the transaction holding its events is durable. The leader then hands
-// leadership to the oldest waiting appender. A lone append never waits for
+// the transaction holding its events is durable. Appends queued while the
+// leader applies its group join it (up to Options.MaxGroup) before it
+// commits: at 64 runs, the runs the previous commit released queue up
+// exactly then. The leader then hands leadership to the oldest waiting
+// appender. A lone append never waits for
 // company and never hands off to another goroutine: it commits at once.
 // (bbolt's own Batch waits up to MaxBatchDelay for company, which makes a
 // lone run's durable write many times slower.) A refused append in a group
@@ -50,10 +53,12 @@
 // index entry's, proven in the log; the bucket's last in format 1) inside
 // the writing transaction, so appends grouped into one transaction see
 // each other and of two continuing one tail exactly one wins. A key another
-// run already holds (its clock was ahead) is skipped. The leader skips
+// run already holds (its clock was ahead) is skipped; in the log, a key
+// above the highest it has held needs no lookup for that. The leader skips
 // decoding an index entry that is, byte for byte, the one this process
-// wrote with the run's last append (writtenEntries). Keys are ULIDs minted after that last key (events.IDSource.
-// NextAfter), whatever the clock says: after a process wrote with its clock
+// wrote with the run's last append (writtenEntries), and encodes entries
+// without reflection. Keys are ULIDs minted after that last key
+// (events.IDSource.NextAfter), whatever the clock says: after a process wrote with its clock
 // ahead (an NTP step, a VM migration, a restored snapshot), the run's next
 // keys carry the future millisecond, incremented, until the clock catches
 // up. What that leaves behind: event times read from keys (Envelope.Time,
