@@ -145,3 +145,44 @@ func TestAKeyAnotherRunHoldsIsNeverOverwritten(t *testing.T) {
 		t.Fatalf("load: %d events, %v", len(got), err)
 	}
 }
+
+// TestKeysPutThisSessionAreNeverOverwritten: two runs written in the same
+// millisecond by a process whose clock was ahead hold consecutive keys.
+// With the clock right again, the second run's next key is the one after
+// its tail, which the first run's next key is too: whichever appends
+// second must see it taken though it was put after the store opened (the
+// log's highest key is raised with every put, not only read at open).
+func TestKeysPutThisSessionAreNeverOverwritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runs.db")
+	ctx := context.Background()
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(time.Hour)
+	s.clock = func() time.Time { return ahead } // one millisecond: keys one apart
+	tails := map[string]ulid.ULID{}
+	for _, run := range []string{"B", "A"} {
+		envs, err := s.Append(ctx, run, ulid.ULID{}, proptest.SoundStream(run)[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		tails[run] = envs[0].ID
+	}
+	s.Close()
+
+	if s, err = Open(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, run := range []string{"A", "B"} {
+		if _, err := s.Append(ctx, run, tails[run], proptest.SoundStream(run)[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, run := range []string{"A", "B"} {
+		if got, err := s.Load(ctx, run); err != nil || len(got) != 2 {
+			t.Fatalf("run %s: %d events, %v", run, len(got), err)
+		}
+	}
+}
