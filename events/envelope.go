@@ -115,11 +115,7 @@ type wireEnvelope struct {
 // process's CPU — the CPU the store's commits need. With references
 // (refs.go) a step stores each text once, and S2's Encode keeps it at 0.94x
 // its payload on disk (EncodeBetter: 0.93x), so the cheaper encoder is used
-// (BenchmarkStorageBytes, BenchmarkConcurrentTextRuns). The block is written
-// in the Snappy subset of S2's format (s2.EncodeSnappy), which every S2
-// decoder reads: S2's own repeat codes saved nothing on a step's texts
-// (0.94x either way) and cost 15 % more CPU (8.3 against 7.1 µs for 6 KB of
-// this package's source). Blocks written by s2.Encode are read alike.
+// (BenchmarkStorageBytes, BenchmarkConcurrentTextRuns).
 const (
 	compressMin = 1024
 	maxPayload  = 64 << 20
@@ -251,7 +247,7 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 		}
 		raw := p.payloadBuf.Bytes()
 		if len(raw) >= compressMin {
-			p.z = s2.EncodeSnappy(p.z[:cap(p.z)], raw)
+			p.z = s2.Encode(p.z[:cap(p.z)], raw)
 			if z := p.z; len(z) <= len(raw)-len(raw)/8 {
 				return "payload_s2", z, refs, nil
 			}
