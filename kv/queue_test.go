@@ -18,33 +18,15 @@ import (
 // Append returns the context's error and the next commit writes nothing of
 // it. (The commit in progress is simulated by holding leadership.)
 func TestAnAppendCancelledWhileQueuedWritesNothing(t *testing.T) {
-	s, err := Open(filepath.Join(t.TempDir(), "q.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.mu.Lock()
-	s.leading = true // another appender is committing
-	s.mu.Unlock()
-
+	s := storeMidCommit(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	_, err = s.Append(ctx, "q", ulid.ULID{}, proptest.SoundStream("q")[:2]...)
+	_, err := s.Append(ctx, "q", ulid.ULID{}, proptest.SoundStream("q")[:2]...)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v, want the context's error", err)
 	}
 
-	// The commit in progress ends and commits whatever is queued.
-	s.mu.Lock()
-	queued := len(s.queue)
-	if queued == 0 {
-		s.leading = false
-		s.idle.Broadcast()
-		s.mu.Unlock()
-	} else {
-		s.lead() // releases mu
-	}
-	if queued != 0 {
+	if queued := s.endCommit(); queued != 0 {
 		t.Errorf("%d appends left queued after their context ended", queued)
 	}
 	if got, err := s.Load(context.Background(), "q"); err != nil || len(got) != 0 {
@@ -62,15 +44,7 @@ func TestAppendsQueuedWhileAGroupIsAppliedJoinIt(t *testing.T) {
 		maxGroup, joined int
 	}{{0, 1}, {2, 1}, {1, 0}} {
 		t.Run(fmt.Sprint("MaxGroup=", c.maxGroup), func(t *testing.T) {
-			s, err := Open(filepath.Join(t.TempDir(), "q.db"), Options{MaxGroup: c.maxGroup})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			s.mu.Lock()
-			s.leading = true // another appender is committing
-			s.mu.Unlock()
-
+			s := storeMidCommit(t, Options{MaxGroup: c.maxGroup})
 			errs := make(chan error, 2)
 			for _, run := range []string{"a", "b"} {
 				go func() {
@@ -90,15 +64,7 @@ func TestAppendsQueuedWhileAGroupIsAppliedJoinIt(t *testing.T) {
 			s.mu.Unlock()
 			s.commit(group)
 
-			s.mu.Lock()
-			joined := 1 - len(s.queue)
-			if len(s.queue) > 0 {
-				s.lead() // commits the rest; releases mu
-			} else {
-				s.leading = false
-				s.idle.Broadcast()
-				s.mu.Unlock()
-			}
+			joined := 1 - s.endCommit()
 			for range 2 {
 				if err := <-errs; err != nil {
 					t.Fatal(err)
@@ -109,4 +75,33 @@ func TestAppendsQueuedWhileAGroupIsAppliedJoinIt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// storeMidCommit opens a store in which a commit is in progress: appends
+// queue, and none leads until endCommit.
+func storeMidCommit(t *testing.T, o Options) *Store {
+	s, err := Open(filepath.Join(t.TempDir(), "q.db"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.mu.Lock()
+	s.leading = true // another appender is committing
+	s.mu.Unlock()
+	return s
+}
+
+// endCommit ends the commit storeMidCommit began, committing whatever is
+// queued, and returns how many appends were queued.
+func (s *Store) endCommit() (queued int) {
+	s.mu.Lock()
+	queued = len(s.queue)
+	if queued == 0 {
+		s.leading = false
+		s.idle.Broadcast()
+		s.mu.Unlock()
+	} else {
+		s.lead() // releases mu
+	}
+	return queued
 }
