@@ -17,6 +17,7 @@ type IDSource struct {
 	mu      sync.Mutex
 	last    ulid.ULID
 	entropy io.Reader
+	random  [10]byte // read into here, not into a local the read would move to the heap
 }
 
 // Next returns a ULID greater than every one returned before, stamped with
@@ -40,9 +41,10 @@ func (s *IDSource) Next(now time.Time) ulid.ULID {
 	if err := id.SetTime(ms); err != nil {
 		panic(err) // only past year 10889
 	}
-	if _, err := io.ReadFull(s.entropy, id[6:]); err != nil {
+	if _, err := io.ReadFull(s.entropy, s.random[:]); err != nil {
 		panic("events: crypto/rand failed: " + err.Error())
 	}
+	copy(id[6:], s.random[:])
 	// Leave headroom so increments within this millisecond rarely overflow.
 	id[6] &= 0x7f
 	s.last = id

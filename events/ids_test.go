@@ -73,3 +73,15 @@ func TestNextAfterStaysAfterAFloorFromTheFuture(t *testing.T) {
 		t.Fatalf("with the clock past the floor, NextAfter = %s, want the clock's millisecond", id)
 	}
 }
+
+// TestSourcesMintRandomIDs: two sources minting in the same millisecond
+// (two processes, or two drivers' result ids) do not collide: an id's
+// entropy is random, not a counter from zero.
+func TestSourcesMintRandomIDs(t *testing.T) {
+	now := time.Now()
+	var a, b events.IDSource
+	x, y := a.Next(now), b.Next(now)
+	if x == y {
+		t.Fatalf("two sources minted %s in the same millisecond", x)
+	}
+}
