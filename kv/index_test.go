@@ -2,6 +2,8 @@ package kv
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,4 +57,19 @@ func TestTheEntryEncodingIsReflections(t *testing.T) {
 			t.Fatalf("hand-written entry\n%x\nreflection\n%x", got, want)
 		}
 	})
+}
+
+// failingWriter refuses every write.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+// The hand-written entry encoding reports its writer's failure, as
+// reflection's does, instead of a short entry.
+func TestTheEntryEncodingReportsAFailedWrite(t *testing.T) {
+	sum := uint32(7)
+	err := msgpack.NewEncoder(failingWriter{}).Encode(&storedInfo{RunInfo: RunInfo{RunID: "r"}, CRC: &sum})
+	if err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("encoding to a failing writer: %v", err)
+	}
 }
