@@ -39,13 +39,8 @@ type stepRefs struct {
 // and StreamReader, which resolves such references, track it by this one
 // rule.
 func ReplyAfter(ev Event) (content *string, changed bool) {
-	var mr ModelCallResult
-	switch e := ev.(type) {
-	case ModelCallResult:
-		mr = e
-	case *ModelCallResult:
-		mr = *e
-	default:
+	mr, ok := as[ModelCallResult](ev)
+	if !ok {
 		return nil, false
 	}
 	if mr.Reply == nil {
@@ -53,6 +48,21 @@ func ReplyAfter(ev Event) (content *string, changed bool) {
 	}
 	text := mr.Reply.Content
 	return &text, true
+}
+
+// as is the record ev holds, whether as a T or a *T (writers may append
+// either); false when it is another record, or a nil pointer.
+func as[T any](ev Event) (T, bool) {
+	switch e := any(ev).(type) {
+	case T:
+		return e, true
+	case *T:
+		if e != nil {
+			return *e, true
+		}
+	}
+	var zero T
+	return zero, false
 }
 
 // refMin is the shortest text worth a reference.
@@ -66,13 +76,8 @@ var ErrNeedsStream = errors.New("events: the value refers to an earlier event of
 // the references; refs is nil when there is nothing to refer to. lastReply
 // is the content of the latest reply before ev in its stream, if known.
 func withRefs(ev Event, lastReply *string) (Event, *stepRefs) {
-	var sc StepCompleted
-	switch e := ev.(type) {
-	case StepCompleted:
-		sc = e
-	case *StepCompleted:
-		sc = *e
-	default:
+	sc, ok := as[StepCompleted](ev)
+	if !ok {
 		return ev, nil
 	}
 	var refs stepRefs
