@@ -17,15 +17,7 @@ import (
 // is no longer the one at the path by the time it holds the lock (Compact
 // renamed a new one over it); open says so.
 func TestOpenNoticesAFileReplacedUnderIt(t *testing.T) {
-	dir := t.TempDir()
-	path, other := filepath.Join(dir, "s.db"), filepath.Join(dir, "new.db")
-	for _, p := range []string{path, other} {
-		s, err := Open(p, Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Close()
-	}
+	path, other := twoStores(t)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -42,20 +34,7 @@ func TestOpenNoticesAFileReplacedUnderIt(t *testing.T) {
 // lock of the file at the path; when the file is replaced meanwhile (as
 // Compact does), it opens again and gets the new file, not the old one.
 func TestAnOpenWaitingWhileCompactSwapsOpensTheNewFile(t *testing.T) {
-	dir := t.TempDir()
-	path, other := filepath.Join(dir, "s.db"), filepath.Join(dir, "new.db")
-	for _, p := range []string{path, other} {
-		s, err := Open(p, Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p == other { // the new file holds a run the old one does not
-			if _, err := s.Append(context.Background(), "moved", ulid.ULID{}, proptest.SoundStream("moved")[0]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		s.Close()
-	}
+	path, other := twoStores(t)
 	old, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -85,4 +64,24 @@ func TestAnOpenWaitingWhileCompactSwapsOpensTheNewFile(t *testing.T) {
 	if got, err := s.Load(context.Background(), "moved"); err != nil || len(got) != 1 {
 		t.Fatalf("Open got the old file: %d events of the new file's run (%v)", len(got), err)
 	}
+}
+
+// twoStores makes a store at path and the store Compact would rename over
+// it at other, which holds a run the first does not ("moved").
+func twoStores(t *testing.T) (path, other string) {
+	dir := t.TempDir()
+	path, other = filepath.Join(dir, "s.db"), filepath.Join(dir, "new.db")
+	for _, p := range []string{path, other} {
+		s, err := Open(p, Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == other {
+			if _, err := s.Append(context.Background(), "moved", ulid.ULID{}, proptest.SoundStream("moved")[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+	}
+	return path, other
 }
