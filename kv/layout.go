@@ -281,12 +281,20 @@ func (l logLayout) read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r
 		r.Problem(err)
 		return 0, last, true
 	}
-	chain, problems, exists := l.chain(log, starts, runID, info, indexed)
-	for _, p := range problems {
-		r.Problem(p)
-	}
-	for i := 0; i < len(chain) && !r.Stopped(); i++ {
-		r.Value(chain[i].key, chain[i].sealed) // decoding copies what it keeps
+	chain, gap, problems, exists := l.chain(log, starts, runID, info, indexed)
+	// The problems are reported where they are in the stream, between the
+	// events found forward and those found back: a problem makes the
+	// reader forget the latest reply, and a reference after a gap must not
+	// resolve to a reply from before it.
+	for i := 0; i <= len(chain) && !r.Stopped(); i++ {
+		if i == gap {
+			for _, p := range problems {
+				r.Problem(p)
+			}
+		}
+		if i < len(chain) {
+			r.Value(chain[i].key, chain[i].sealed) // decoding copies what it keeps
+		}
 	}
 	if len(chain) > 0 {
 		last = chain[len(chain)-1].key
@@ -307,8 +315,10 @@ type chained struct {
 // event, or no usable entry — it also follows the links forward from the
 // first key on record, scanning the log after it, so every event a link
 // still reaches is returned, as a bucket per run returns what it holds.
-// exists reports whether the run has anything on record.
-func (logLayout) chain(log, starts *bolt.Bucket, runID string, info RunInfo, indexed bool) (chain []chained, problems []error, exists bool) {
+// gap is where in chain the events found forward end and those found back
+// begin (0 when none were found forward): where the problems are. exists
+// reports whether the run has anything on record.
+func (logLayout) chain(log, starts *bolt.Bucket, runID string, info RunInfo, indexed bool) (chain []chained, gap int, problems []error, exists bool) {
 	first := starts.Get([]byte(runID))
 	if first != nil && len(first) != 16 {
 		problems = append(problems, fmt.Errorf("run %q: its first event on record, %x, is not a ULID", runID, first))
@@ -365,10 +375,11 @@ func (logLayout) chain(log, starts *bolt.Bucket, runID string, info RunInfo, ind
 		}
 		chain = forward(log, ulid.ULID(first), stop)
 	}
+	gap = len(chain)
 	for i := len(back) - 1; i >= 0; i-- {
 		chain = append(chain, back[i])
 	}
-	return chain, problems, indexed || first != nil
+	return chain, gap, problems, indexed || first != nil
 }
 
 // forward follows a run's links from its first event, scanning the log
@@ -449,7 +460,7 @@ func (l logLayout) remove(tx *bolt.Tx, runID string, info RunInfo, indexed bool)
 	if err != nil {
 		return err
 	}
-	chain, _, _ := l.chain(log, starts, runID, info, indexed)
+	chain, _, _, _ := l.chain(log, starts, runID, info, indexed)
 	for _, e := range chain {
 		if err := log.Delete(e.key[:]); err != nil {
 			return err
