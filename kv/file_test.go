@@ -607,8 +607,8 @@ func TestTheLogNamesWhatContradictsAnAppend(t *testing.T) {
 			if err := s.db.Update(func(tx *bolt.Tx) error { return damage(tx, envs) }); err != nil {
 				t.Fatal(err)
 			}
-			if runs, err := s.Runs(ctx); err != nil || len(runs) == 0 || runs[0].RunID != "A" || runs[0].Status != StatusDamaged {
-				t.Fatalf("Runs: %+v, %v", runs, err)
+			if runs, err := s.Runs(ctx); err != nil || len(runs) != 1 || runs[0].RunID != "A" || runs[0].Status != StatusDamaged {
+				t.Fatalf("Runs: %+v, %v (want run A once, damaged)", runs, err)
 			}
 			if _, err := s.Append(ctx, "A", envs[2].ID, proptest.SoundStream("A")[3]); err == nil {
 				t.Fatal("an append after the run's tail landed")

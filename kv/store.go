@@ -962,10 +962,17 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 			}); err != nil {
 				return err
 			}
-			// A stream whose index entry is lost is listed too, damaged.
+			// A stream whose index entry is lost is listed too, damaged, once:
+			// an entry no first key names is already listed by its run.
+			listed := make(map[string]bool, len(out))
+			for _, info := range out {
+				listed[info.RunID] = true
+			}
 			orphans, err := s.layout.orphans(tx, index)
 			for _, id := range orphans {
-				out = append(out, RunInfo{RunID: id, Status: StatusDamaged})
+				if !listed[id] {
+					out = append(out, RunInfo{RunID: id, Status: StatusDamaged})
+				}
 			}
 			slices.SortFunc(out, func(a, b RunInfo) int { return strings.Compare(a.RunID, b.RunID) })
 			return err
