@@ -17,8 +17,10 @@ type CompactResult struct{ Before, After int64 }
 // events stay byte-identical under the same keys, and the path holds the
 // old file or the new one, never half of either. A format 1 file (a bucket
 // per run) comes out in the current format, one log: its events' values
-// byte-identical under the same keys, each behind its link header, the
-// index entries verbatim. It needs the file to
+// byte-identical under the same keys, each behind its link header; each
+// index entry is filed under its run's first key and sealed again for it,
+// with the last key and count filled in from the stream where an entry
+// from before they were kept lacks them. It needs the file to
 // itself (Open's lock): run it while no process has the store open. A
 // process that opens the path meanwhile waits for the lock and then opens
 // the new file (Open notices a file replaced under it and opens again).

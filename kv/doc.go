@@ -3,7 +3,8 @@
 // event linked to its run's previous one), msgpack envelope values, and an
 // index bucket kept in the same transaction that lists runs without
 // scanning their streams. Files made before the log keep a nested bucket
-// per run (format 1), read and written as they are.
+// per run (format 1), read and written as they are until Compact moves
+// them to the log.
 //
 // # Basics
 //
@@ -180,8 +181,9 @@
 // the entry loses a run as silently).
 //
 // Files made before (format 1) keep their bucket per run, and new runs in
-// them get buckets too: both layouts sit behind one interface (layout.go)
-// and the damage tests run on both.
+// them get buckets too, until Compact (polyloop-admin compact) moves them
+// to the log: both layouts sit behind one interface (layout.go) and the
+// damage tests run on both.
 //
 // What does not live here: the rules of what a sound stream is (package
 // recovery) and the views built from a stream (package projections).

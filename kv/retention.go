@@ -11,8 +11,9 @@ import (
 
 var _ seams.RunDeleter = (*Store)(nil)
 
-// DeleteRun implements seams.RunDeleter: the run's bucket and index entry
-// go in one transaction. The run is reserved (RunLocks) while it is
+// DeleteRun implements seams.RunDeleter: the run's events (in the log,
+// every event its links reach, and its first-key record; in a format 1
+// file, its bucket) and its index entry go in one transaction. The run is reserved (RunLocks) while it is
 // deleted, so a run being driven in this process is refused, and no driver
 // starts on it meanwhile; other processes cannot open the file at all. A
 // run whose index entry is damaged counts as unfinished. The freed pages

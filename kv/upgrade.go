@@ -163,8 +163,8 @@ func (w *batchWriter) flush() error {
 			if b == nil {
 				return errors.New("kv: upgrade: a bucket of the new store is missing")
 			}
-			if !bytes.Equal(p.bucket, startsBucket) {
-				b.FillPercent = streamFillPercent // the log's and the index's keys arrive in order; run ids in starts do not
+			if bytes.Equal(p.bucket, logBucket) {
+				b.FillPercent = streamFillPercent // the log's keys arrive in order; the index's and starts' come by run id, so they keep bbolt's fill
 			}
 			if err := b.Put(p.k, p.v); err != nil {
 				return err

@@ -10,8 +10,10 @@ import (
 
 // BoltFloor is the physical floor the benchmarks compare against: one raw
 // bbolt Update putting vals under fresh ULID keys in run's bucket nested
-// under "runs", as kv.Store lays a stream out, with no index, checks or
-// group commit.
+// under "runs", as kv.Store laid a stream out before its log (format 1),
+// with no index, checks or group commit. For a single run it writes what
+// the log does (a leaf, its parents, the meta page); for many it is a
+// bucket per run, which BenchmarkLayoutFloor compares with the log.
 func BoltFloor(db *bolt.DB, ids *events.IDSource, run []byte, vals [][]byte) error {
 	return db.Update(func(tx *bolt.Tx) error {
 		root, err := tx.CreateBucketIfNotExists([]byte("runs"))

@@ -83,7 +83,7 @@ var commands = []command{
 	{name: "runs", min: 1, max: 1, flags: runsFlags, run: runsCommand, help: `Usage: polyloop-inspect runs [--json] [--status S] [--stop-reason R] [--since T] [--limit N] STORE
 
 Lists the store's runs, newest first (by the time of their first event): run
-id, status, steps, stop reason, first and last event time. Status is one of
+id, status, steps, stop reason, tokens, first and last event time. Status is one of
   finished  the run ended (see stop reason)
   running   no end recorded, nothing in doubt: in progress, or resumable
   in_doubt  a crash (or a live run) left a side effect's outcome unknown (see verify)
