@@ -89,19 +89,30 @@ func TestAStepRefersToWhatItRepeats(t *testing.T) {
 // TestReferencesAreUsedOnlyWhenTheyHold: a reply that differs from the
 // step's raw output, a writer that does not know the reply, texts too short
 // to bother, and a value that stays uncompressed carry no reference to the
-// reply; each value decodes alone to what was written.
+// reply (nor any other reference); each value decodes alone to what was
+// written.
 func TestReferencesAreUsedOnlyWhenTheyHold(t *testing.T) {
 	mr, sc := bigStep()
 	other := "another reply " + mr.Reply.Content
 	small := proptest.SoundStream("run-1")[4].(events.StepCompleted)
+	// Texts long enough to refer to, in a payload too small to compress:
+	// the references found are dropped and the step encoded again whole.
+	mid := small
+	raw := "ACTION: " + strings.Repeat("list the files ", 6)
+	action, obs := raw[len("ACTION: "):], strings.Repeat("main.go go.mod ", 6)
+	out := *mid.ActionOutcome
+	out.Observation = obs
+	mid.ActionOutcome, mid.Step.RawOutput, mid.Step.Action, mid.Step.Observation = &out, raw, &action, "Observation: "+obs
 	for name, c := range map[string]struct {
-		ev    events.StepCompleted
-		reply *string
+		ev           events.StepCompleted
+		reply        *string
+		uncompressed bool
 	}{
-		"another reply":       {sc, &other},
-		"reply unknown":       {sc, nil},
-		"a small step":        {small, &small.Step.RawOutput},
-		"reply and step tiny": {small, nil},
+		"another reply":            {sc, &other, false},
+		"reply unknown":            {sc, nil, false},
+		"a small step":             {small, &small.Step.RawOutput, true},
+		"reply and step tiny":      {small, nil, true},
+		"texts to refer to, small": {mid, &raw, true},
 	} {
 		v, err := events.AppendMarshalAfter(nil, c.ev, c.reply)
 		if err != nil {
@@ -110,7 +121,7 @@ func TestReferencesAreUsedOnlyWhenTheyHold(t *testing.T) {
 		if bytes.Contains(v, []byte("raw_output_is_reply")) {
 			t.Errorf("%s: refers to the reply", name)
 		}
-		if c.ev.Step.RawOutput == small.Step.RawOutput && bytes.Contains(v, []byte("refs")) {
+		if c.uncompressed && bytes.Contains(v, []byte("refs")) {
 			t.Errorf("%s: a value too small to compress carries refs", name)
 		}
 		id := ulid.MustParse("01J00000000000000000000003")
