@@ -189,10 +189,7 @@ func (w *walker) verdict() (Verdict, error) {
 // every damaged value and every structural problem of what did decode. Any
 // other loadErr is a store failure and is returned as it is.
 func ClassifyLoaded(runID string, stream []events.Envelope, loadErr error) (Verdict, error) {
-	if loadErr == nil {
-		return Classify(runID, stream)
-	}
-	return Verdict{}, damaged(runID, loadErr, walk(runID, stream).reasons)
+	return (&Classifier{*walk(runID, stream)}).Verdict(loadErr)
 }
 
 // damaged is the error for a read that returned loadErr: a *CorruptError
@@ -299,7 +296,7 @@ func (w *walker) add(env events.Envelope) {
 		}
 		w.started = true
 	case events.Intent:
-		w.intent(i, env, ev, bad)
+		w.intent(i, env, ev)
 	case events.ModelCallResult:
 		switch {
 		case w.model == nil:
@@ -315,7 +312,7 @@ func (w *walker) add(env events.Envelope) {
 			}
 		}
 	case events.StepCompleted:
-		w.stepCompleted(i, env, ev, bad)
+		w.stepCompleted(i, env, ev)
 	case events.RunFinished:
 		if w.model != nil {
 			switch ev.Result.StopReason {
@@ -330,15 +327,15 @@ func (w *walker) add(env events.Envelope) {
 	}
 }
 
-func (w *walker) intent(i int, env events.Envelope, ev events.Intent, bad func(int, events.Envelope, string, ...any)) {
+func (w *walker) intent(i int, env events.Envelope, ev events.Intent) {
 	if ev.IntentKind == events.IntentModelCall {
 		switch {
 		case w.model != nil && ev.CallIndex == w.step:
-			bad(i, env, "a second model intent for step %d", w.step)
+			w.bad(i, env, "a second model intent for step %d", w.step)
 		case w.model != nil:
-			bad(i, env, "model intent for step %d ahead of unfinished step %d", ev.CallIndex, w.step)
+			w.bad(i, env, "model intent for step %d ahead of unfinished step %d", ev.CallIndex, w.step)
 		case ev.CallIndex != w.step:
-			bad(i, env, "model intent for step %d, expected step %d: step indexes are not contiguous", ev.CallIndex, w.step)
+			w.bad(i, env, "model intent for step %d, expected step %d: step indexes are not contiguous", ev.CallIndex, w.step)
 		default:
 			in := ev
 			w.model = &in
@@ -347,37 +344,37 @@ func (w *walker) intent(i int, env events.Envelope, ev events.Intent, bad func(i
 	}
 	switch {
 	case w.model == nil:
-		bad(i, env, "action intent for step %d without a model intent", ev.CallIndex)
+		w.bad(i, env, "action intent for step %d without a model intent", ev.CallIndex)
 	case w.action != nil:
-		bad(i, env, "a second action intent for step %d", w.step)
+		w.bad(i, env, "a second action intent for step %d", w.step)
 	case ev.CallIndex != w.step:
-		bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, w.step)
+		w.bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, w.step)
 	case !w.reply || w.failed:
-		bad(i, env, "action intent for step %d without a model reply", w.step)
+		w.bad(i, env, "action intent for step %d without a model reply", w.step)
 	default:
 		in := ev
 		w.action = &in
 	}
 }
 
-func (w *walker) stepCompleted(i int, env events.Envelope, ev events.StepCompleted, bad func(int, events.Envelope, string, ...any)) {
+func (w *walker) stepCompleted(i int, env events.Envelope, ev events.StepCompleted) {
 	switch {
 	case w.model == nil:
-		bad(i, env, "step %d completed without a model intent", ev.Step.StepIdx)
+		w.bad(i, env, "step %d completed without a model intent", ev.Step.StepIdx)
 	case ev.Step.StepIdx != w.step:
-		bad(i, env, "step index %d, expected %d: step indexes are not contiguous", ev.Step.StepIdx, w.step)
+		w.bad(i, env, "step index %d, expected %d: step indexes are not contiguous", ev.Step.StepIdx, w.step)
 	case !w.reply:
-		bad(i, env, "step %d completed without a model result", w.step)
+		w.bad(i, env, "step %d completed without a model result", w.step)
 	}
 	switch {
 	case ev.ResultID != "" && w.action == nil:
-		bad(i, env, "step result %q without an action intent", ev.ResultID)
+		w.bad(i, env, "step result %q without an action intent", ev.ResultID)
 	case ev.ResultID != "" && ev.ResultID != w.action.ResultID:
-		bad(i, env, "step result %q does not match the action intent's %q", ev.ResultID, w.action.ResultID)
+		w.bad(i, env, "step result %q does not match the action intent's %q", ev.ResultID, w.action.ResultID)
 	case ev.ResultID == "" && w.action != nil:
-		bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", w.step)
+		w.bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", w.step)
 	case ev.ResultID != "" && ev.ActionOutcome == nil:
-		bad(i, env, "step %d closes action intent %q without an outcome", w.step, ev.ResultID)
+		w.bad(i, env, "step %d closes action intent %q without an outcome", w.step, ev.ResultID)
 	}
 	w.steps = append(w.steps, ev.Step)
 	w.step++
