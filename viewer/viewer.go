@@ -346,7 +346,7 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		Finished:  log.Finished != nil,
 		FollowURL: "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}}.Encode()}
 	causes := map[int]string{}
-	for _, e := range report.EnvErrors(stream) {
+	for _, e := range page.Verdict.EnvErrors { // worked out once, by report.Verdict
 		causes[e.Step] = e.Cause
 	}
 	tokens := report.StepTokens(log)
