@@ -246,9 +246,6 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
 	}
 	p.buf.Write(crcTrailer)
-	if dst == nil {
-		return bytes.Clone(p.buf.Bytes()), nil
-	}
 	return append(dst, p.buf.Bytes()...), nil
 }
 

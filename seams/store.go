@@ -27,7 +27,8 @@ import (
 // is empty and evs does not start with RunStarted, with ErrRunFinished when
 // the stream already holds RunFinished, and with an error naming the
 // problem for an event that fails Validate or names another run. A failed
-// Append writes nothing. The keys an Append mints are after every key the
+// Append writes nothing. The returned slice belongs to the caller; the
+// store keeps no reference to it. The keys an Append mints are after every key the
 // stream already holds, whatever the clock says.
 //
 // Load returns runID's whole stream in order; a run never written is an
