@@ -189,16 +189,14 @@ type pooledEncoder struct {
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
 // and a checksum field for Seal to fill in once the value's key is known).
 // It refuses an event that fails Validate, so nothing invalid is written.
-func Marshal(ev Event) ([]byte, error) { return AppendMarshal(nil, ev) }
+func Marshal(ev Event) ([]byte, error) { return AppendMarshalAfter(nil, ev, nil) }
 
-// AppendMarshal is Marshal appending the value to dst, so a store can
-// encode behind a header of its own without copying the value again.
-func AppendMarshal(dst []byte, ev Event) ([]byte, error) { return AppendMarshalAfter(dst, ev, nil) }
-
-// AppendMarshalAfter is AppendMarshal for a writer that knows the content
-// of the latest model reply before ev in its run's stream (lastReply; nil
-// when unknown or none): a StepCompleted repeating it may refer to it
-// instead of storing it again (refs.go). The value must then be stored
+// AppendMarshalAfter is Marshal appending the value to dst, so a store can
+// encode behind a header of its own without copying the value again, for
+// a writer that may know the content of the latest model reply before ev
+// in its run's stream (lastReply; nil when unknown or none): a
+// StepCompleted repeating it may refer to it instead of storing it again
+// (refs.go). The value must then be stored
 // right where the writer said, which a store's expected-tail check ensures.
 func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error) {
 	if ev == nil {

@@ -395,9 +395,7 @@ func BenchmarkLayoutFloor(b *testing.B) {
 // textStep is a step's four values as the engine writes them for a 2 KB
 // reply and a 4 KB observation cut from this package's own source (text
 // that compresses like text).
-func textStep(b *testing.B) [][]byte { return textStepT(b) }
-
-func textStepT(b testing.TB) [][]byte {
+func textStep(b testing.TB) [][]byte {
 	var vals [][]byte
 	for _, ev := range textEvents(b) {
 		v, err := events.Marshal(ev)

@@ -656,9 +656,8 @@ func (s *Store) commit(group []*appendRequest) {
 // apply writes one request into the open transaction, or refuses it having
 // written nothing.
 func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
-	key := []byte(r.runID)
-	if len(key) > bolt.MaxKeySize {
-		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(key), bolt.MaxKeySize)
+	if len(r.runID) > bolt.MaxKeySize {
+		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(r.runID), bolt.MaxKeySize)
 	}
 	var (
 		info    RunInfo
