@@ -22,26 +22,9 @@ import (
 // back as damage, never decoded with the earlier reply's text.
 func TestAStepAfterALostReplyIsNotReadWithAnEarlierOne(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	stream := proptest.SoundStream("r")
 	replyA, replyB, step := referringStep(stream)
-	a, b := replyA.Reply.Content, replyB.Reply.Content
-	var (
-		tail ulid.ULID
-		keys []ulid.ULID
-	)
-	for _, ev := range []events.Event{stream[0], stream[1], replyA, stream[3], step(a), stream[5], replyB, step(b)} {
-		envs, err := s.Append(ctx, "r", tail, ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tail = envs[0].ID
-		keys = append(keys, tail)
-	}
+	s, keys := appendEach(t, stream[0], stream[1], replyA, stream[3], step(replyA.Reply.Content), stream[5], replyB, step(replyB.Reply.Content))
 	lost := keys[6] // reply B
 	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(logBucket).Delete(lost[:]) }); err != nil {
 		t.Fatal(err)
@@ -64,24 +47,11 @@ func TestAStepAfterALostReplyIsNotReadWithAnEarlierOne(t *testing.T) {
 // is the run's latest reply like a value one, so a step repeating the
 // earlier reply stores it rather than referring to the later one.
 func TestAPointerReplyIsTheLatestReply(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	stream := proptest.SoundStream("r")
 	first, second, step := referringStep(stream)
 	a := first.Reply.Content
-	var tail ulid.ULID
-	for _, ev := range []events.Event{stream[0], stream[1], first, &second, step(a)} {
-		envs, err := s.Append(ctx, "r", tail, ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tail = envs[0].ID
-	}
-	got, err := s.Load(ctx, "r")
+	s, _ := appendEach(t, stream[0], stream[1], first, &second, step(a))
+	got, err := s.Load(context.Background(), "r")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,4 +82,24 @@ func referringStep(stream []events.Event) (a, b events.ModelCallResult, step fun
 		sc.Step.RawOutput, sc.Step.Action = raw, nil
 		return sc
 	}
+}
+
+// appendEach opens a store and appends evs to run "r" one Append each
+// (proptest.AppendEach), returning the store and the events' keys.
+func appendEach(t *testing.T, evs ...events.Event) (*Store, []ulid.ULID) {
+	s, err := Open(filepath.Join(t.TempDir(), "s.db"), Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	proptest.AppendEach(t, s, "r", evs)
+	stream, err := s.Load(context.Background(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]ulid.ULID, len(stream))
+	for i, env := range stream {
+		keys[i] = env.ID
+	}
+	return s, keys
 }
