@@ -105,3 +105,96 @@ func (s *Store) endCommit() (queued int) {
 	}
 	return queued
 }
+
+// TestAnAppendQueuedWithinTheCommitDelayJoinsTheGroup: after a commit that
+// carried several appends, the leader waits (Options.CommitDelay) for more
+// before committing: an append queued while it waits rides the same
+// transaction. The wait ends as soon as the group is full (MaxGroup 2 here),
+// not after the delay.
+func TestAnAppendQueuedWithinTheCommitDelayJoinsTheGroup(t *testing.T) {
+	s := storeLeftOpenIfFailed(t, Options{CommitDelay: time.Hour, MaxGroup: 2})
+	s.lastGroup = 2 // as after a commit of two appends
+
+	errs := make(chan error, 2)
+	go func() {
+		_, err := s.Append(context.Background(), "a", ulid.ULID{}, proptest.SoundStream("a")[:2]...)
+		errs <- err
+	}()
+	waitFor(t, "the leader to wait for company after a commit of two appends", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.awaiting
+	})
+	go func() {
+		_, err := s.Append(context.Background(), "b", ulid.ULID{}, proptest.SoundStream("b")[:2]...)
+		errs <- err
+	}()
+	for range 2 {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the leader went on waiting (an hour's delay) with its group full")
+		}
+	}
+	if n := s.Transactions(); n != 1 {
+		t.Errorf("two appends, the second queued while the first's leader waited: %d transactions, want 1", n)
+	}
+}
+
+// TestALoneAppenderNeverWaits: a commit that carried one append is followed
+// by none of the commit delay, so a lone run's appends commit at once even
+// with an hour's delay configured.
+func TestALoneAppenderNeverWaits(t *testing.T) {
+	s := storeLeftOpenIfFailed(t, Options{CommitDelay: time.Hour})
+	done := make(chan error, 1)
+	go func() {
+		var tail ulid.ULID
+		for _, ev := range proptest.SoundStream("lone") {
+			envs, err := s.Append(context.Background(), "lone", tail, ev)
+			if err != nil {
+				done <- err
+				return
+			}
+			tail = envs[0].ID
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a lone run's appends waited for others (a minute, with an hour's commit delay)")
+	}
+}
+
+// storeLeftOpenIfFailed opens a store closed after the test unless it
+// failed: Close waits for a leader that may be waiting for an hour.
+func storeLeftOpenIfFailed(t *testing.T, o Options) *Store {
+	s, err := Open(filepath.Join(t.TempDir(), "q.db"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			s.Close()
+		}
+	})
+	return s
+}
+
+// waitFor polls cond for up to a minute, failing the test with what it
+// waited for.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("waited a minute for %s", what)
+}
