@@ -22,14 +22,16 @@
 // the transaction holding its events is durable. Appends queued while the
 // leader applies its group join it (up to Options.MaxGroup) before it
 // commits: at 64 runs, the runs the previous commit released queue up
-// exactly then. After a commit that carried several appends, the leader
-// also waits a little for more (Options.CommitDelay, 30 µs by default,
-// started again by each append that joins), yielding its processor so the
-// released runs can append: without it, 64 runs settle into two cohorts
-// that take turns, each commit carrying half of them; with it one commit
-// carries most (PostgreSQL's commit_delay is the same idea). The leader then
-// hands leadership to the oldest waiting appender. A lone append never
-// waits for company and never hands off to another goroutine: it commits at
+// exactly then. After a commit that carried more than one append, the
+// leader also waits a little for more (Options.CommitDelay, 30 µs by
+// default, started again by each append that joins), polling the queue and
+// yielding its processor so the released runs can append: without it, 64
+// runs settle into two cohorts that take turns, each commit carrying half
+// of them; with it one commit carries most. (PostgreSQL's commit_delay is a
+// cousin: it sleeps once before the flush, when enough other transactions
+// are open.) The leader then hands leadership to the oldest waiting
+// appender. A lone append never hands off to another goroutine, and waits
+// for company only right after a commit it shared: a run alone commits at
 // once. (bbolt's own Batch waits up to MaxBatchDelay, 10 ms, for company
 // whatever came before, which makes a lone run's durable write many times
 // slower.) A refused append in a group

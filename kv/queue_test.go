@@ -106,69 +106,170 @@ func (s *Store) endCommit() (queued int) {
 	return queued
 }
 
-// TestAnAppendQueuedWithinTheCommitDelayJoinsTheGroup: after a commit that
-// carried several appends, the leader waits (Options.CommitDelay) for more
-// before committing: an append queued while it waits rides the same
-// transaction. The wait ends as soon as the group is full (MaxGroup 2 here),
-// not after the delay.
-func TestAnAppendQueuedWithinTheCommitDelayJoinsTheGroup(t *testing.T) {
-	s := storeLeftOpenIfFailed(t, Options{CommitDelay: time.Hour, MaxGroup: 2})
-	s.lastGroup = 2 // as after a commit of two appends
+// TestAppendsQueuedWithinTheCommitDelayJoinTheGroup: after a commit of two
+// appends, the next leader waits for company (Options.CommitDelay) before
+// committing; each append queued while it waits rides its transaction, and
+// the wait starts again after each, until the group is full (MaxGroup 3):
+// then it commits without waiting out the delay.
+func TestAppendsQueuedWithinTheCommitDelayJoinTheGroup(t *testing.T) {
+	s := storeLeftOpenIfFailed(t, Options{MaxGroup: 3})
+	s.delay = time.Hour // past MaxCommitDelay: the test ends each wait itself
+	commitTwo(t, s)
 
+	errs := make(chan error, 3)
+	appendAsync(s, "a", errs)
+	waitFor(t, "the leader to wait for company after a commit of two appends", waitsReach(s, 1))
+	appendAsync(s, "b", errs)
+	waitFor(t, "the leader to wait again once an append joined", waitsReach(s, 2))
+	appendAsync(s, "c", errs)
+	receive(t, errs, 3, "the leader went on waiting (an hour's delay) with its group full")
+	if n := s.Transactions(); n != 2 {
+		t.Errorf("%d transactions, want 2: the first two appends', then the three queued while the leader waited", n)
+	}
+}
+
+// TestARunAloneWaitsOnlyAfterACommitItShared: a leader waits for company
+// only after a commit that carried more than one append, so a run alone
+// never waits on a fresh store, even with an hour's delay, and after a
+// shared commit it waits once: its next commit carries it alone.
+func TestARunAloneWaitsOnlyAfterACommitItShared(t *testing.T) {
+	s := storeLeftOpenIfFailed(t, Options{})
+	s.delay = time.Hour
+	lone := func(run string) {
+		errs := make(chan error, 1)
+		go func() {
+			var tail ulid.ULID
+			for _, ev := range proptest.SoundStream(run)[:3] {
+				envs, err := s.Append(context.Background(), run, tail, ev)
+				if err != nil {
+					errs <- err
+					return
+				}
+				tail = envs[0].ID
+			}
+			errs <- nil
+		}()
+		receive(t, errs, 1, "a lone run's appends waited for company (an hour's delay)")
+	}
+	lone("alone")
+	if s.waits != 0 {
+		t.Fatalf("a lone run on a fresh store: the leader waited %d times", s.waits)
+	}
+
+	commitTwo(t, s)
+	s.delay = 5 * time.Millisecond // it waits once, for nobody
+	lone("after")
+	if s.waits != 1 {
+		t.Errorf("three lone appends after a commit of two: the leader waited %d times, want 1", s.waits)
+	}
+}
+
+// TestClosingEndsTheCommitDelay: Close ends a leader's wait for company
+// (no append can come any more) and the group it holds commits.
+func TestClosingEndsTheCommitDelay(t *testing.T) {
+	s := storeLeftOpenIfFailed(t, Options{})
+	s.delay = time.Hour
+	commitTwo(t, s)
 	errs := make(chan error, 2)
-	go func() {
-		_, err := s.Append(context.Background(), "a", ulid.ULID{}, proptest.SoundStream("a")[:2]...)
-		errs <- err
-	}()
-	waitFor(t, "the leader to wait for company after a commit of two appends", func() bool {
+	appendAsync(s, "a", errs)
+	waitFor(t, "the leader to wait for company", waitsReach(s, 1))
+	go func() { errs <- s.Close() }()
+	receive(t, errs, 2, "Close waited out the leader's hour-long wait for company")
+	if n := s.Transactions(); n != 2 {
+		t.Errorf("%d transactions, want 2 (the group the closing store's leader held committed)", n)
+	}
+}
+
+// TestOpenResolvesTheCommitDelay: what Options.CommitDelay becomes, and the
+// bound Open holds it to.
+func TestOpenResolvesTheCommitDelay(t *testing.T) {
+	for _, c := range []struct {
+		o    Options
+		want time.Duration
+		err  string
+	}{
+		{Options{}, DefaultCommitDelay, ""},
+		{Options{NoSync: true}, 0, ""},
+		{Options{NoSync: true, CommitDelay: 40 * time.Microsecond}, 40 * time.Microsecond, ""},
+		{Options{CommitDelay: -1}, 0, ""},
+		{Options{CommitDelay: MaxCommitDelay}, MaxCommitDelay, ""},
+		{Options{CommitDelay: 2 * time.Millisecond}, 0, "kv: Options.CommitDelay 2ms is more than MaxCommitDelay (1ms)"},
+	} {
+		t.Run(fmt.Sprintf("%+v", c.o), func(t *testing.T) {
+			s, err := Open(filepath.Join(t.TempDir(), "d.db"), c.o)
+			if c.err != "" {
+				if err == nil || err.Error() != c.err {
+					t.Fatalf("got %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if s.delay != c.want {
+				t.Errorf("delay %v, want %v", s.delay, c.want)
+			}
+		})
+	}
+}
+
+// commitTwo commits two appends, of two new runs, in one transaction, as
+// a busy store does: both queue while leadership is held, then one commit
+// takes them.
+func commitTwo(t *testing.T, s *Store) {
+	t.Helper()
+	before := s.Transactions()
+	s.mu.Lock()
+	s.leading = true
+	s.mu.Unlock()
+	errs := make(chan error, 2)
+	appendAsync(s, fmt.Sprint("pair-x-", before), errs)
+	appendAsync(s, fmt.Sprint("pair-y-", before), errs)
+	waitFor(t, "two appends to queue", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.awaiting
+		return len(s.queue) == 2
 	})
+	s.endCommit()
+	receive(t, errs, 2, "the two appends did not commit")
+	if n := s.Transactions() - before; n != 1 {
+		t.Fatalf("two appends queued together committed in %d transactions", n)
+	}
+}
+
+// appendAsync appends the first two events of a new run in a goroutine,
+// sending its error to errs.
+func appendAsync(s *Store, run string, errs chan<- error) {
 	go func() {
-		_, err := s.Append(context.Background(), "b", ulid.ULID{}, proptest.SoundStream("b")[:2]...)
+		_, err := s.Append(context.Background(), run, ulid.ULID{}, proptest.SoundStream(run)[:2]...)
 		errs <- err
 	}()
-	for range 2 {
+}
+
+// receive takes n results from errs, failing on an error or on a minute
+// without one (stuck).
+func receive(t *testing.T, errs <-chan error, n int, stuck string) {
+	t.Helper()
+	for range n {
 		select {
 		case err := <-errs:
 			if err != nil {
 				t.Fatal(err)
 			}
 		case <-time.After(time.Minute):
-			t.Fatal("the leader went on waiting (an hour's delay) with its group full")
+			t.Fatal(stuck)
 		}
-	}
-	if n := s.Transactions(); n != 1 {
-		t.Errorf("two appends, the second queued while the first's leader waited: %d transactions, want 1", n)
 	}
 }
 
-// TestALoneAppenderNeverWaits: a commit that carried one append is followed
-// by none of the commit delay, so a lone run's appends commit at once even
-// with an hour's delay configured.
-func TestALoneAppenderNeverWaits(t *testing.T) {
-	s := storeLeftOpenIfFailed(t, Options{CommitDelay: time.Hour})
-	done := make(chan error, 1)
-	go func() {
-		var tail ulid.ULID
-		for _, ev := range proptest.SoundStream("lone") {
-			envs, err := s.Append(context.Background(), "lone", tail, ev)
-			if err != nil {
-				done <- err
-				return
-			}
-			tail = envs[0].ID
-		}
-		done <- nil
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("a lone run's appends waited for others (a minute, with an hour's commit delay)")
+// waitsReach is a condition for waitFor: the store's leaders began n
+// waits for company.
+func waitsReach(s *Store, n int) func() bool {
+	return func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.waits >= n
 	}
 }
 
