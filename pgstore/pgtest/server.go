@@ -243,8 +243,12 @@ func findBin() (string, error) {
 			return d, nil
 		}
 	}
-	return "", errors.New("pgtest: initdb not found on PATH or in /usr/lib/postgresql/*/bin")
+	return "", ErrNotInstalled
 }
+
+// ErrNotInstalled: no PostgreSQL to start a throwaway server from. Tests
+// wanting a server skip for it, and only for it (Unavailable).
+var ErrNotInstalled = errors.New("pgtest: initdb not found on PATH or in /usr/lib/postgresql/*/bin")
 
 func version(binDir string) int {
 	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
@@ -324,14 +328,28 @@ func lookup(o Options) (string, *Server, error) {
 	return srv.DSN, srv, nil
 }
 
-// Unavailable skips t for want of a server (err says why), or fails it
-// when POLYLOOP_PG_REQUIRED is set.
+// Unavailable skips t for want of a server when PostgreSQL is not
+// installed (err wraps ErrNotInstalled), and fails it otherwise: when
+// POLYLOOP_PG_REQUIRED is set, and when PostgreSQL is installed but its
+// server could not be had — a broken setup must not read as a missing one
+// (a misplaced server option once skipped every PostgreSQL benchmark).
 func Unavailable(t testing.TB, err error) {
 	t.Helper()
-	if v := os.Getenv(RequiredEnv); v != "" && v != "0" {
-		t.Fatalf("%s is set but no PostgreSQL server could be had: %v", RequiredEnv, err)
+	if skip, why := unavailable(err); !skip {
+		t.Fatal(why)
 	}
 	t.Skipf("%s (%v)", SkipHint, err)
+}
+
+// unavailable decides for Unavailable: skip, or fail saying why.
+func unavailable(err error) (skip bool, why string) {
+	if v := os.Getenv(RequiredEnv); v != "" && v != "0" {
+		return false, fmt.Sprintf("%s is set but no PostgreSQL server could be had: %v", RequiredEnv, err)
+	}
+	if !errors.Is(err, ErrNotInstalled) {
+		return false, fmt.Sprintf("PostgreSQL is installed but no server could be had: %v", err)
+	}
+	return true, ""
 }
 
 // Main runs the tests and stops the throwaway server if one was started:
