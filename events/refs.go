@@ -39,7 +39,7 @@ type stepRefs struct {
 // and StreamReader, which resolves such references, track it by this one
 // rule.
 func ReplyAfter(ev Event) (content *string, changed bool) {
-	mr, ok := as[ModelCallResult](ev)
+	mr, ok := As[ModelCallResult](ev)
 	if !ok {
 		return nil, false
 	}
@@ -50,9 +50,10 @@ func ReplyAfter(ev Event) (content *string, changed bool) {
 	return &text, true
 }
 
-// as is the record ev holds, whether as a T or a *T (writers may append
-// either); false when it is another record, or a nil pointer.
-func as[T any](ev Event) (T, bool) {
+// As is the record ev holds, whether as a T or a *T (writers may append
+// either; a decoded stream holds values); false when it is another record,
+// or a nil pointer.
+func As[T any](ev Event) (T, bool) {
 	switch e := any(ev).(type) {
 	case T:
 		return e, true
@@ -76,7 +77,7 @@ var ErrNeedsStream = errors.New("events: the value refers to an earlier event of
 // the references; refs is nil when there is nothing to refer to. lastReply
 // is the content of the latest reply before ev in its stream, if known.
 func withRefs(ev Event, lastReply *string) (Event, *stepRefs) {
-	sc, ok := as[StepCompleted](ev)
+	sc, ok := As[StepCompleted](ev)
 	if !ok {
 		return ev, nil
 	}

@@ -145,21 +145,34 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 	})
 
-	t.Run("NothingFollowsRunFinished", func(t *testing.T) {
-		s := open(t)
-		stream := SoundStream("f")
-		mustAppend(t, s, "f", stream...)
-		extra := events.Intent{RunID: "f", IntentKind: events.IntentModelCall, CallIndex: 4, ResultID: "late", ReplayPolicy: events.ReplaySafe}
-		if _, err := s.Append(ctx, "f", tail(t, s, "f"), extra); !errors.Is(err, seams.ErrRunFinished) {
-			t.Fatalf("got %v, want ErrRunFinished", err)
-		}
-		if _, err := s.Append(ctx, "f", tail(t, s, "f"), stream[len(stream)-1]); !errors.Is(err, seams.ErrRunFinished) {
-			t.Fatalf("second RunFinished: got %v, want ErrRunFinished", err)
-		}
-		if got := mustLoad(t, s, "f"); len(got) != len(stream) {
-			t.Fatalf("stream has %d events, want %d", len(got), len(stream))
-		}
-	})
+	// Writers may append records as values or as pointers to them; the
+	// rules hold alike.
+	for _, form := range []struct {
+		name string
+		of   func([]events.Event) []events.Event
+	}{{"Values", func(evs []events.Event) []events.Event { return evs }}, {"Pointers", pointed}} {
+		t.Run("NothingFollowsRunFinished/"+form.name, func(t *testing.T) {
+			s := open(t)
+			stream := form.of(SoundStream("f"))
+			mustAppend(t, s, "f", stream...)
+			extra := events.Intent{RunID: "f", IntentKind: events.IntentModelCall, CallIndex: 4, ResultID: "late", ReplayPolicy: events.ReplaySafe}
+			if _, err := s.Append(ctx, "f", tail(t, s, "f"), extra); !errors.Is(err, seams.ErrRunFinished) {
+				t.Fatalf("got %v, want ErrRunFinished", err)
+			}
+			if _, err := s.Append(ctx, "f", tail(t, s, "f"), stream[len(stream)-1]); !errors.Is(err, seams.ErrRunFinished) {
+				t.Fatalf("second RunFinished: got %v, want ErrRunFinished", err)
+			}
+			if got := mustLoad(t, s, "f"); len(got) != len(stream) {
+				t.Fatalf("stream has %d events, want %d", len(got), len(stream))
+			}
+			if lister, ok := s.(seams.RunReader); ok {
+				runs, err := lister.Runs(ctx)
+				if err != nil || len(runs) != 1 || runs[0].Status != seams.StatusFinished || runs[0].Steps == 0 {
+					t.Fatalf("Runs: %+v (%v), want the run finished with its steps counted", runs, err)
+				}
+			}
+		})
+	}
 
 	t.Run("ConcurrentRunsKeepTheirOwnOrder", func(t *testing.T) {
 		s := open(t)
@@ -337,4 +350,16 @@ func exactlyOneWins(t *testing.T, what string, lose error, try func(i int) error
 	if wins != 1 {
 		t.Fatalf("%d of %d %s won, want exactly 1", wins, n, what)
 	}
+}
+
+// pointed is evs with each record held by a pointer, as a writer may
+// append them.
+func pointed(evs []events.Event) []events.Event {
+	out := make([]events.Event, len(evs))
+	for i, ev := range evs {
+		p := reflect.New(reflect.TypeOf(ev))
+		p.Elem().Set(reflect.ValueOf(ev))
+		out[i] = p.Interface().(events.Event)
+	}
+	return out
 }

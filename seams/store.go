@@ -236,11 +236,12 @@ func (r *RunInfo) Observe(env events.Envelope) {
 	r.Events++
 	r.LastEvent = env.Time()
 	r.LastID = env.ID
-	switch ev := env.Event.(type) {
-	case events.StepCompleted:
+	// A writer may append a record as a value or a pointer to one.
+	if _, ok := events.As[events.StepCompleted](env.Event); ok {
 		r.Steps++
-	case events.RunFinished:
+	}
+	if f, ok := events.As[events.RunFinished](env.Event); ok {
 		r.Status = StatusFinished
-		r.StopReason = ev.Result.StopReason
+		r.StopReason = f.Result.StopReason
 	}
 }
