@@ -340,9 +340,8 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 	}
 	log := projections.Fold(stream)
 	v, err := recovery.ClassifyLoaded(id, stream, loadErr)
-	info := projections.Summarize(stream)
-	info.RunID = id // also when the first event did not decode
-	page := runPage{RunID: id, Run: report.Classified(info, v, err, log.Usage()), Verdict: report.Verdict(id, stream, v, err),
+	// The page shows the run's status and usage, no index fields.
+	page := runPage{RunID: id, Run: report.Classified(seams.RunInfo{RunID: id}, v, err, log.Usage()), Verdict: report.Verdict(id, stream, v, err),
 		Finished:  log.Finished != nil,
 		FollowURL: "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}}.Encode()}
 	causes := map[int]string{}

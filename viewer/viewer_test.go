@@ -146,7 +146,7 @@ func TestTheRunPage(t *testing.T) {
 	}
 	_, _, body = get(t, srv.URL+"/run?id=env")
 	// The cause above the timeline, and again in its step's row.
-	if !strings.Contains(body, "exec: python: not found") || !strings.Contains(body, `<p class="bad">cause: exec: python: not found</p>`) || strings.Contains(body, "data-follow") {
+	if !strings.Contains(body, `<p class="bad">env_error in step 0: exec: python: not found</p>`) || !strings.Contains(body, `<p class="bad">cause: exec: python: not found</p>`) || strings.Contains(body, "data-follow") {
 		t.Errorf("env run page:\n%s", body)
 	}
 	_, _, body = get(t, srv.URL+"/run?id=zcorrupt")
