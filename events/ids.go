@@ -17,7 +17,6 @@ type IDSource struct {
 	mu      sync.Mutex
 	last    ulid.ULID
 	entropy io.Reader
-	random  [10]byte // read into here, not into a local the read would move to the heap
 }
 
 // Next returns a ULID greater than every one returned before, stamped with
@@ -37,18 +36,17 @@ func (s *IDSource) Next(now time.Time) ulid.ULID {
 		}
 		ms = s.last.Time() + 1 // entropy exhausted within one millisecond
 	}
-	var id ulid.ULID
-	if err := id.SetTime(ms); err != nil {
+	// Minted in place: s.last's entropy is read into directly, where a
+	// local's would move to the heap.
+	if err := s.last.SetTime(ms); err != nil {
 		panic(err) // only past year 10889
 	}
-	if _, err := io.ReadFull(s.entropy, s.random[:]); err != nil {
+	if _, err := io.ReadFull(s.entropy, s.last[6:]); err != nil {
 		panic("events: crypto/rand failed: " + err.Error())
 	}
-	copy(id[6:], s.random[:])
 	// Leave headroom so increments within this millisecond rarely overflow.
-	id[6] &= 0x7f
-	s.last = id
-	return id
+	s.last[6] &= 0x7f
+	return s.last
 }
 
 // NextAfter returns an id from Next, or, when that is not after floor, the

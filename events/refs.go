@@ -46,6 +46,9 @@ func ReplyAfter(ev Event) (content *string, changed bool) {
 	if mr.Reply == nil {
 		return nil, true
 	}
+	// A copy, not &mr.Reply.Content: kv keeps it across appends, while the
+	// reply it came from is the caller's to change. It costs a 16-byte
+	// allocation per model_call_result read, which Load and Resume accept.
 	text := mr.Reply.Content
 	return &text, true
 }

@@ -127,7 +127,7 @@ func (v Verdict) Steps() []events.StepRecord { return append([]events.StepRecord
 // Classify checks runID's stream and places its tail in the recovery table.
 // A log that breaks a structural rule yields a *CorruptError.
 func Classify(runID string, stream []events.Envelope) (Verdict, error) {
-	return walk(runID, stream).verdict()
+	return classified(runID, stream).Verdict(nil)
 }
 
 // A Classifier is Classify one event at a time, for a reader that streams a
@@ -189,7 +189,7 @@ func (w *walker) verdict() (Verdict, error) {
 // every damaged value and every structural problem of what did decode. Any
 // other loadErr is a store failure and is returned as it is.
 func ClassifyLoaded(runID string, stream []events.Envelope, loadErr error) (Verdict, error) {
-	return (&Classifier{*walk(runID, stream)}).Verdict(loadErr)
+	return classified(runID, stream).Verdict(loadErr)
 }
 
 // damaged is the error for a read that returned loadErr: a *CorruptError
@@ -250,14 +250,14 @@ func (w *walker) state() State {
 	return ActionUnknown
 }
 
-// walk checks every event; the stream is stored under runID, and every
-// event must name that run.
-func walk(runID string, stream []events.Envelope) *walker {
-	w := &walker{runID: runID}
+// classified is a Classifier that has checked every event of stream,
+// stored under runID (every event must name that run).
+func classified(runID string, stream []events.Envelope) *Classifier {
+	c := NewClassifier(runID)
 	for _, env := range stream {
-		w.add(env)
+		c.Add(env)
 	}
-	return w
+	return c
 }
 
 func (w *walker) bad(i int, env events.Envelope, format string, a ...any) {
@@ -266,33 +266,33 @@ func (w *walker) bad(i int, env events.Envelope, format string, a ...any) {
 
 // add checks the stream's next event against what came before it.
 func (w *walker) add(env events.Envelope) {
-	i, bad := w.n, w.bad
+	i := w.n
 	w.n++
 	defer func() { w.prev = env.ID }()
 	if _, ok := env.Event.(events.RunStarted); !ok && i == 0 {
-		bad(0, env, "the first event is not run_started")
+		w.bad(0, env, "the first event is not run_started")
 	}
 	if env.Event == nil {
-		bad(i, env, "no event")
+		w.bad(i, env, "no event")
 		return
 	}
 	if id := events.RunIDOf(env.Event); id != w.runID {
-		bad(i, env, "belongs to run %q, not %q", id, w.runID)
+		w.bad(i, env, "belongs to run %q, not %q", id, w.runID)
 	}
 	if err := env.Event.Validate(); err != nil {
-		bad(i, env, "invalid record: %v", err)
+		w.bad(i, env, "invalid record: %v", err)
 	}
 	if i > 0 && env.ID.Compare(w.prev) <= 0 {
-		bad(i, env, "key is not after the previous event's key")
+		w.bad(i, env, "key is not after the previous event's key")
 	}
 	if w.finished {
-		bad(i, env, "follows run_finished")
+		w.bad(i, env, "follows run_finished")
 		return
 	}
 	switch ev := env.Event.(type) {
 	case events.RunStarted:
 		if i > 0 {
-			bad(i, env, "a second run_started")
+			w.bad(i, env, "a second run_started")
 		}
 		w.started = true
 	case events.Intent:
@@ -300,11 +300,11 @@ func (w *walker) add(env events.Envelope) {
 	case events.ModelCallResult:
 		switch {
 		case w.model == nil:
-			bad(i, env, "model result %q without a model intent", ev.ResultID)
+			w.bad(i, env, "model result %q without a model intent", ev.ResultID)
 		case w.reply:
-			bad(i, env, "a second model result for step %d", w.step)
+			w.bad(i, env, "a second model result for step %d", w.step)
 		case ev.ResultID != w.model.ResultID:
-			bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
+			w.bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
 		default:
 			w.reply, w.failed = true, ev.Failure != nil
 			if ev.Reply != nil {
@@ -319,7 +319,7 @@ func (w *walker) add(env events.Envelope) {
 			case events.StopCancelled, events.StopResumeStateUnknown:
 				// A run may stop with a side effect in doubt.
 			default:
-				bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, w.step)
+				w.bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, w.step)
 			}
 		}
 		r := ev.Result
