@@ -174,6 +174,22 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		})
 	}
 
+	t.Run("TheEnvelopesAppendReturnsAreTheCallers", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("own")
+		envs := mustAppend(t, s, "own", stream[:2]...)
+		tailID := envs[1].ID
+		for i := range envs {
+			envs[i] = events.Envelope{} // the caller may reuse the slice
+		}
+		if _, err := s.Append(ctx, "own", tailID, stream[2:]...); err != nil {
+			t.Fatalf("continuing after the tail Append returned: %v", err)
+		}
+		if got := mustLoad(t, s, "own"); len(got) != len(stream) || got[1].ID != tailID || got[0].Kind != events.KindRunStarted {
+			t.Fatalf("after the caller overwrote its envelopes, Load returns %d events, want %d as appended", len(got), len(stream))
+		}
+	})
+
 	t.Run("ConcurrentRunsKeepTheirOwnOrder", func(t *testing.T) {
 		s := open(t)
 		const runs = 16
