@@ -109,6 +109,7 @@ func runScript(t *testing.T, path string) string {
 	r.m = newMachine(r.cfg)
 	cmd := r.feed(input{kind: inBegin}, "begin")
 	thinking := ""
+	var usage *events.Usage
 	for {
 		switch cmd.kind {
 		case cmdAppend:
@@ -139,6 +140,13 @@ func runScript(t *testing.T, path string) string {
 		case verb == "thinking":
 			thinking = arg
 			continue
+		case verb == "usage": // "usage IN OUT": the next reply's token counts
+			var in, out int64
+			if _, err := fmt.Sscan(arg, &in, &out); err != nil {
+				t.Fatalf("%q: want usage IN OUT", line)
+			}
+			usage = &events.Usage{InputTokens: &in, OutputTokens: &out}
+			continue
 		case strings.HasPrefix(verb, "action~"):
 			n, err := strconv.Atoi(strings.TrimPrefix(verb, "action~"))
 			if err != nil {
@@ -156,11 +164,11 @@ func runScript(t *testing.T, path string) string {
 			cmd = r.crash("# crash: a new machine replays the durable log\n")
 			continue
 		case "model", "model~":
-			reply := events.ModelReply{CallID: fmt.Sprintf("c%d", cmd.model.CallIndex), Content: arg, Thinking: thinking}
+			reply := events.ModelReply{CallID: fmt.Sprintf("c%d", cmd.model.CallIndex), Content: arg, Thinking: thinking, Usage: usage}
 			if verb == "model~" {
 				reply.CallID = ""
 			}
-			thinking = ""
+			thinking, usage = "", nil
 			cmd = r.feed(input{kind: inModelReturned, reply: reply}, line)
 		case "model!":
 			cmd = r.feed(input{kind: inModelReturned, err: errors.New(arg)}, line)
@@ -196,6 +204,8 @@ func (r *scriptRun) configure(setup []string) *config {
 					req.Budget.MaxConsecutiveParseFailures = n
 				case "prompt":
 					req.Budget.MaxPromptChars = n
+				case "tokens":
+					req.Budget.MaxTotalTokens = int64(n)
 				}
 			}
 		case "model_policy":
@@ -308,6 +318,9 @@ func renderEvent(ev events.Event) string {
 	case events.ModelCallResult:
 		if e.Failure != nil {
 			return fmt.Sprintf("model_call_result(%s failure=%q)", e.ResultID, *e.Failure)
+		}
+		if u := e.Reply.Usage; u != nil && u.InputTokens != nil && u.OutputTokens != nil {
+			return fmt.Sprintf("model_call_result(%s reply=%q tokens=%d+%d)", e.ResultID, e.Reply.Content, *u.InputTokens, *u.OutputTokens)
 		}
 		return fmt.Sprintf("model_call_result(%s reply=%q)", e.ResultID, e.Reply.Content)
 	case events.StepCompleted:
