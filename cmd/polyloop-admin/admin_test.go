@@ -80,9 +80,20 @@ func TestAdminOnAFile(t *testing.T) {
 	if code, out := admin("compact", path); code != exitOK || !strings.Contains(out, "compacted") {
 		t.Fatalf("compact: %d\n%s", code, out)
 	}
-	for _, args := range [][]string{{}, {"frobnicate", path}, {"gc", path}, {"delete", path}, {"compact"}} {
+	for _, args := range [][]string{{}, {"frobnicate", path}, {"gc", path}, {"delete", path}, {"compact"},
+		{"compact", "--force", path}, {"delete", "--finished-before", "1h", path, "u"}, {"gc", "--force", "--finished-before", "1h", path}} {
 		if code, out := admin(args...); code != exitUsage {
 			t.Errorf("%v: %d\n%s", args, code, out)
+		}
+	}
+	// A mistyped path is refused, and no file is made there.
+	typo := filepath.Join(t.TempDir(), "typo.db")
+	for _, args := range [][]string{{"gc", "--finished-before", "1h", typo}, {"compact", typo}, {"delete", typo, "u"}} {
+		if code, out := admin(args...); code != exitProblem || !strings.Contains(out, "no store at") {
+			t.Errorf("%v: %d\n%s", args, code, out)
+		}
+		if _, err := os.Stat(typo); err == nil {
+			t.Fatalf("%v made a store file at the mistyped path", args)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/polyloop/polyloop/cmd/internal/cliflags"
@@ -30,7 +31,7 @@ Usage:
 
 STORE is a bbolt file or a postgres:// URL. A run being driven is never
 deleted. Exit status: 0 done, 1 a problem (a run refused, the store
-unreadable), 2 bad usage.
+missing or unreadable), 2 bad usage.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -61,6 +62,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		return bad("%v", err)
+	}
+	// One flag set serves the three commands; each takes its own flag only.
+	own := map[string]string{"delete": "force", "gc": "finished-before"}[args[0]]
+	var stray string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != own {
+			stray = f.Name
+		}
+	})
+	if stray != "" {
+		return bad("--%s is not a flag of %s", stray, args[0])
+	}
+	if len(pos) > 0 && !stores.IsURL(pos[0]) {
+		// Opening creates a missing file: a mistyped path would be
+		// "cleaned" as an empty store.
+		if _, err := os.Stat(pos[0]); err != nil {
+			fmt.Fprintf(stderr, "polyloop-admin: no store at %s: %v\n", pos[0], err)
+			return exitProblem
+		}
 	}
 	ctx := context.Background()
 	switch args[0] {

@@ -13,12 +13,17 @@ import (
 
 // Parse parses the flags among args into fs, wherever they stand, and
 // returns the positional arguments in order. A flag fs defines as taking a
-// value takes the next argument when it is not written -name=value. Its
+// value takes the next argument when it is not written -name=value; every
+// argument after "--" is positional (a run id may start with a dash). Its
 // error is fs.Parse's (flag.ErrHelp for -h and --help).
 func Parse(fs *flag.FlagSet, args []string) (positional []string, err error) {
 	var flags []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
 		if !strings.HasPrefix(a, "-") || a == "-" {
 			positional = append(positional, a)
 			continue

@@ -13,7 +13,8 @@ import (
 
 // TestFlagsStandAnywhere: flags before, between and after positional
 // arguments; a value flag takes the next argument unless written with =;
-// a bool flag never does; -h is flag.ErrHelp.
+// a bool flag never does; after "--" every argument is positional; -h is
+// flag.ErrHelp.
 func TestFlagsStandAnywhere(t *testing.T) {
 	for _, c := range []struct {
 		args  []string
@@ -27,6 +28,7 @@ func TestFlagsStandAnywhere(t *testing.T) {
 		{[]string{"store", "--age", "5m", "run"}, []string{"store", "run"}, false, 5 * time.Minute},
 		{[]string{"--age=1h", "store"}, []string{"store"}, false, time.Hour},
 		{[]string{"-", "--force"}, []string{"-"}, true, 0},
+		{[]string{"--force", "store", "--", "-run", "--age"}, []string{"store", "-run", "--age"}, true, 0},
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
