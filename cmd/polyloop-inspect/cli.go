@@ -141,8 +141,9 @@ served; a PostgreSQL store is read live while agents write.
 Prints the steps of every run (or of each --run) as JSON Lines: one object
 per step with run_id first, then the eighteen StepRecord fields — one table
 for a data-frame library (pandas.read_json(path, lines=True)). Runs come
-oldest first, steps in order. A corrupt run, or one not in the store, is
-reported on standard error and left out (exit status 1).
+oldest first, or in the order of the --run flags; steps in order. A corrupt
+run, or one not in the store, is reported on standard error and left out
+(exit status 1).
 `},
 }
 

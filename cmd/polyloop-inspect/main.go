@@ -1,15 +1,18 @@
 // Command polyloop-inspect dumps and verifies PolyLoop event stores without
 // writing to them.
 //
-//	polyloop-inspect runs STORE                  list runs
-//	polyloop-inspect events [--json] STORE RUN   every event of a run
-//	polyloop-inspect steps [--json] STORE RUN    a run's trajectory
-//	polyloop-inspect verify STORE [RUN]          can each run be resumed?
+//	polyloop-inspect runs [--json] [filters] STORE          list runs, newest first
+//	polyloop-inspect events [--json] [--follow] STORE RUN   every event of a run
+//	polyloop-inspect steps [--json] STORE RUN               a run's trajectory
+//	polyloop-inspect verify [--json] STORE [RUN]            can each run be resumed?
+//	polyloop-inspect export [--run RUN]... STORE            many runs' steps as JSON Lines
+//	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only)
 //
-// STORE is a bbolt file or a postgres:// URL.
+// STORE is a bbolt file or a postgres:// URL. "polyloop-inspect COMMAND
+// --help" gives a command's details (cli.go holds the texts).
 //
-// Exit status: 0 when all is well, 1 when a run is corrupt or the store
-// cannot be read, 2 for bad usage.
+// Exit status: 0 when all is well; 1 when a run is corrupt, a run named is
+// not in the store, or the store cannot be read; 2 for bad usage.
 package main
 
 import (
