@@ -122,6 +122,7 @@ func write(w io.Writer, samples map[string]*sample, order []string) {
 	single(w, samples, order)
 	scaling(w, samples, order, "BenchmarkConcurrentRuns/", "", "CONCURRENT RUNS (bbolt)")
 	scaling(w, samples, order, "BenchmarkConcurrentTextRuns/", "", "CONCURRENT RUNS, 2 KB REPLY + 4 KB OBSERVATION (bbolt)")
+	relative(w, samples, order, "BenchmarkTextAppend/", "g=1", "THE STORE ALONE, ISSUE 16's STEP (kv)")
 	relative(w, samples, order, "BenchmarkLayoutFloor/", "layout=one-run", "BBOLT FLOOR BY LAYOUT, PERFECT GROUPING")
 	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/polyloop", "CONCURRENT RUNS (PostgreSQL)")
 	scaling(w, samples, order, "BenchmarkPostgresConcurrentRuns/", "/floor", "CONCURRENT RAW pgx TRANSACTIONS (the floor)")

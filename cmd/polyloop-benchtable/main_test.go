@@ -15,18 +15,20 @@ BenchmarkStepLatency/floor-2      1000   1200000 ns/op
 BenchmarkStepLatency/polyloop-2   1000   1200000 ns/op   2.002 txs/step
 BenchmarkConcurrentRuns/runs=1-2   100   1200000 ns/op
 BenchmarkConcurrentRuns/runs=64-2  100    100000 ns/op   0.07 txs/step
+BenchmarkTextAppend/g=1-2          100    600000 ns/op
+BenchmarkTextAppend/g=64-2         100     40000 ns/op
 PASS
 `
 
 // TestTableUsesMediansAndRatios: medians over repeated runs (the 3 ms
 // outlier does not move the floor), ratio polyloop/floor, throughput
-// relative to runs=1.
+// relative to runs=1 and to the store's lone appender (g=1).
 func TestTableUsesMediansAndRatios(t *testing.T) {
 	samples, order := parse(strings.NewReader(input))
 	var out bytes.Buffer
 	write(&out, samples, order)
 	got := out.String()
-	for _, want := range []string{"BenchmarkStepLatency  1200000  1200000  1.00×  ≤ 1.15  3  2 txs/step", "runs=64  100000  12.00×  ≥ 12"} {
+	for _, want := range []string{"BenchmarkStepLatency  1200000  1200000  1.00×  ≤ 1.15  3  2 txs/step", "runs=64  100000  12.00×  ≥ 12", "g=64  40000  15.00×  1"} {
 		if !strings.Contains(strings.Join(strings.Fields(got), "  "), strings.Join(strings.Fields(want), "  ")) {
 			t.Errorf("table lacks %q:\n%s", want, got)
 		}
