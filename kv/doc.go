@@ -31,8 +31,8 @@
 // cousin: it sleeps once before the flush, when enough other transactions
 // are open.) The leader then hands leadership to the oldest waiting
 // appender. A lone append never hands off to another goroutine, and waits
-// for company only right after a commit it shared: a run alone commits at
-// once. (bbolt's own Batch waits up to MaxBatchDelay, 10 ms, for company
+// for company only right after a commit of several appends (anyone's): a
+// run appending alone commits at once. (bbolt's own Batch waits up to MaxBatchDelay, 10 ms, for company
 // whatever came before, which makes a lone run's durable write many times
 // slower.) A refused append in a group
 // does not affect the others: the rules of seams.CheckAppend are checked

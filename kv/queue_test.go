@@ -46,17 +46,9 @@ func TestAppendsQueuedWhileAGroupIsAppliedJoinIt(t *testing.T) {
 		t.Run(fmt.Sprint("MaxGroup=", c.maxGroup), func(t *testing.T) {
 			s := storeMidCommit(t, Options{MaxGroup: c.maxGroup})
 			errs := make(chan error, 2)
-			for _, run := range []string{"a", "b"} {
-				go func() {
-					_, err := s.Append(context.Background(), run, ulid.ULID{}, proptest.SoundStream(run)[:2]...)
-					errs <- err
-				}()
-			}
-			for queued := 0; queued < 2; time.Sleep(time.Millisecond) {
-				s.mu.Lock()
-				queued = len(s.queue)
-				s.mu.Unlock()
-			}
+			appendAsync(s, "a", errs)
+			appendAsync(s, "b", errs)
+			waitFor(t, "two appends to queue", queued(s, 2))
 			s.mu.Lock()
 			group := s.queue[:1:1]
 			s.queue = s.queue[1:]
@@ -65,11 +57,7 @@ func TestAppendsQueuedWhileAGroupIsAppliedJoinIt(t *testing.T) {
 			s.commit(group)
 
 			joined := 1 - s.endCommit()
-			for range 2 {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
-				}
-			}
+			receive(t, errs, 2, "the appends did not commit")
 			if joined != c.joined || s.Transactions() != uint64(2-joined) {
 				t.Fatalf("%d of 1 queued appends joined the group (want %d), in %d transactions", joined, c.joined, s.Transactions())
 			}
@@ -80,18 +68,20 @@ func TestAppendsQueuedWhileAGroupIsAppliedJoinIt(t *testing.T) {
 // storeMidCommit opens a store in which a commit is in progress: appends
 // queue, and none leads until endCommit.
 func storeMidCommit(t *testing.T, o Options) *Store {
-	s, err := Open(filepath.Join(t.TempDir(), "q.db"), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	s.mu.Lock()
-	s.leading = true // another appender is committing
-	s.mu.Unlock()
+	s := queueStore(t, o)
+	s.beginCommit()
 	return s
 }
 
-// endCommit ends the commit storeMidCommit began, committing whatever is
+// beginCommit makes the store behave as if another appender were
+// committing: appends queue, and none leads until endCommit.
+func (s *Store) beginCommit() {
+	s.mu.Lock()
+	s.leading = true
+	s.mu.Unlock()
+}
+
+// endCommit ends the commit beginCommit began, committing whatever is
 // queued, and returns how many appends were queued.
 func (s *Store) endCommit() (queued int) {
 	s.mu.Lock()
@@ -112,7 +102,7 @@ func (s *Store) endCommit() (queued int) {
 // the wait starts again after each, until the group is full (MaxGroup 3):
 // then it commits without waiting out the delay.
 func TestAppendsQueuedWithinTheCommitDelayJoinTheGroup(t *testing.T) {
-	s := storeLeftOpenIfFailed(t, Options{MaxGroup: 3})
+	s := queueStore(t, Options{MaxGroup: 3})
 	s.delay = time.Hour // past MaxCommitDelay: the test ends each wait itself
 	commitTwo(t, s)
 
@@ -128,12 +118,13 @@ func TestAppendsQueuedWithinTheCommitDelayJoinTheGroup(t *testing.T) {
 	}
 }
 
-// TestARunAloneWaitsOnlyAfterACommitItShared: a leader waits for company
-// only after a commit that carried more than one append, so a run alone
-// never waits on a fresh store, even with an hour's delay, and after a
-// shared commit it waits once: its next commit carries it alone.
-func TestARunAloneWaitsOnlyAfterACommitItShared(t *testing.T) {
-	s := storeLeftOpenIfFailed(t, Options{})
+// TestALeaderWaitsOnlyAfterACommitOfSeveral: a leader waits for company
+// only after a commit that carried more than one append, whoever's, so a
+// run appending alone to a fresh store never waits, even with an hour's
+// delay; after a commit of two other runs' appends it waits once, and its
+// commit, carrying it alone, ends the waiting.
+func TestALeaderWaitsOnlyAfterACommitOfSeveral(t *testing.T) {
+	s := queueStore(t, Options{})
 	s.delay = time.Hour
 	lone := func(run string) {
 		errs := make(chan error, 1)
@@ -167,7 +158,7 @@ func TestARunAloneWaitsOnlyAfterACommitItShared(t *testing.T) {
 // TestClosingEndsTheCommitDelay: Close ends a leader's wait for company
 // (no append can come any more) and the group it holds commits.
 func TestClosingEndsTheCommitDelay(t *testing.T) {
-	s := storeLeftOpenIfFailed(t, Options{})
+	s := queueStore(t, Options{})
 	s.delay = time.Hour
 	commitTwo(t, s)
 	errs := make(chan error, 2)
@@ -220,17 +211,11 @@ func TestOpenResolvesTheCommitDelay(t *testing.T) {
 func commitTwo(t *testing.T, s *Store) {
 	t.Helper()
 	before := s.Transactions()
-	s.mu.Lock()
-	s.leading = true
-	s.mu.Unlock()
+	s.beginCommit()
 	errs := make(chan error, 2)
 	appendAsync(s, fmt.Sprint("pair-x-", before), errs)
 	appendAsync(s, fmt.Sprint("pair-y-", before), errs)
-	waitFor(t, "two appends to queue", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.queue) == 2
-	})
+	waitFor(t, "two appends to queue", queued(s, 2))
 	s.endCommit()
 	receive(t, errs, 2, "the two appends did not commit")
 	if n := s.Transactions() - before; n != 1 {
@@ -263,6 +248,15 @@ func receive(t *testing.T, errs <-chan error, n int, stuck string) {
 	}
 }
 
+// queued is a condition for waitFor: n appends are queued.
+func queued(s *Store, n int) func() bool {
+	return func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.queue) == n
+	}
+}
+
 // waitsReach is a condition for waitFor: the store's leaders began n
 // waits for company.
 func waitsReach(s *Store, n int) func() bool {
@@ -273,9 +267,10 @@ func waitsReach(s *Store, n int) func() bool {
 	}
 }
 
-// storeLeftOpenIfFailed opens a store closed after the test unless it
-// failed: Close waits for a leader that may be waiting for an hour.
-func storeLeftOpenIfFailed(t *testing.T, o Options) *Store {
+// queueStore opens a store closed after the test unless it failed: Close
+// waits for a leader, which a failed test may have left waiting for an
+// hour or holding leadership.
+func queueStore(t *testing.T, o Options) *Store {
 	s, err := Open(filepath.Join(t.TempDir(), "q.db"), o)
 	if err != nil {
 		t.Fatal(err)

@@ -93,14 +93,17 @@ const DefaultLockTimeout = time.Second
 // (runtime.Gosched), so the appenders it waits for run, and looks at the
 // queue again; with nothing else to run, that keeps a core busy for the
 // delay, hence MaxCommitDelay. It waits only after a commit that carried
-// more than one append, so a run alone waits at most once — after the last
-// commit it shared — and a lone run's step is as before.
+// more than one append, whoever's: a store with one run appending never
+// waits, and one whose other runs have stopped waits once, after the last
+// commit they shared.
 const DefaultCommitDelay = 30 * time.Microsecond
 
 // MaxCommitDelay bounds Options.CommitDelay: a millisecond, three lone
-// commits' worth here. A longer wait would hold every append of the group,
-// whose contexts no longer apply once taken, for longer than a commit of
-// its own would, and poll a core all the while.
+// commits' worth here. A longer wait would hold the appends already in the
+// group, whose contexts no longer apply once taken, longer than a commit
+// of their own would, and poll a core all the while. (It bounds each wait;
+// as each append that joins starts the wait again, a group under steady
+// arrivals is held for up to one delay per append in it.)
 const MaxCommitDelay = time.Millisecond
 
 // Options configure Open. The zero value is a durable read-write store.
@@ -168,13 +171,14 @@ type Store struct {
 
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
-	// own goroutine. A lone append finds no leader and commits at once, with
-	// no hand-off to another goroutine.
+	// own goroutine, taking in what queues while it applies the group (and
+	// waiting for more, see Options.CommitDelay). A lone append finds no
+	// leader and leads itself, with no hand-off to another goroutine.
 	mu      sync.Mutex
 	queue   []*appendRequest
 	leading bool
 	closed  bool
-	waits   int        // how many times a leader began to wait (await); for tests
+	waits   int        // how many times a leader began to wait (more); for tests
 	idle    *sync.Cond // signalled when leadership ends (Close waits on it)
 
 	txCount atomic.Uint64 // durable transactions committed, for tests and benchmarks
@@ -613,18 +617,14 @@ func (s *Store) withdraw(req *appendRequest) {
 	}
 }
 
-// lead commits one group: every request queued, up to MaxGroup. The
-// leader's own request is always in it, being either alone in the queue (a
-// new leader) or at its head (a promoted one). Then it hands leadership to
-// the oldest waiting appender, if any. Called with mu held and leading set;
-// returns with mu released.
+// lead commits one group: every request queued, up to MaxGroup, and those
+// that join it while it is applied (commit). The leader's own request is
+// always in it, being either alone in the queue (a new leader) or at its
+// head (a promoted one). Then it hands leadership to the oldest waiting
+// appender, if any. Called with mu held and leading set; returns with mu
+// released.
 func (s *Store) lead() {
-	n := min(len(s.queue), s.maxGroup)
-	group := s.queue[:n:n]
-	s.queue = s.queue[n:]
-	for _, r := range group {
-		r.taken = true
-	}
+	group := s.join(nil)
 	s.mu.Unlock()
 	s.commit(group)
 	s.mu.Lock()
@@ -639,16 +639,9 @@ func (s *Store) lead() {
 	s.mu.Unlock()
 }
 
-// join takes requests queued since group was taken into it, up to
-// maxGroup in all.
+// join takes the requests queued into group, up to maxGroup in all. Called
+// with mu held.
 func (s *Store) join(group []*appendRequest) []*appendRequest {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.joinLocked(group)
-}
-
-// joinLocked is join, called with mu held.
-func (s *Store) joinLocked(group []*appendRequest) []*appendRequest {
 	n := min(len(s.queue), s.maxGroup-len(group))
 	for _, r := range s.queue[:n] {
 		r.taken = true
@@ -658,25 +651,30 @@ func (s *Store) joinLocked(group []*appendRequest) []*appendRequest {
 	return group
 }
 
-// await waits up to the commit delay for an append to join group, when
-// the last commit carried more than one (Options.CommitDelay), polling the
-// queue and yielding the processor in between; it stops early when the
+// more takes into group, once it is applied, the appends queued since it
+// was taken. When none has, and the last commit carried more than one, it
+// waits for one (Options.CommitDelay): it polls the queue, yielding the
+// processor in between, until an append joins, the delay passes or the
 // store is closed. It returns group with what joined, or as it was.
-func (s *Store) await(group []*appendRequest) []*appendRequest {
-	if s.delay == 0 || s.lastGroup < 2 || len(group) >= s.maxGroup {
+func (s *Store) more(group []*appendRequest) []*appendRequest {
+	n := len(group)
+	s.mu.Lock()
+	group = s.join(group)
+	wait := len(group) == n && s.delay > 0 && s.lastGroup > 1 && n < s.maxGroup
+	if wait {
+		s.waits++
+	}
+	s.mu.Unlock()
+	if !wait {
 		return group
 	}
-	s.mu.Lock()
-	s.waits++
-	s.mu.Unlock()
-	n := len(group)
-	for deadline := time.Now().Add(s.delay); time.Now().Before(deadline); {
+	for deadline := time.Now().Add(s.delay); len(group) == n && time.Now().Before(deadline); {
 		runtime.Gosched()
 		s.mu.Lock()
-		group = s.joinLocked(group)
+		group = s.join(group)
 		closed := s.closed
 		s.mu.Unlock()
-		if len(group) > n || closed {
+		if closed {
 			break
 		}
 	}
@@ -694,10 +692,7 @@ func (s *Store) commit(group []*appendRequest) {
 				if i == len(group) {
 					// Appends queued while the group was applied join it,
 					// and those that queue soon after.
-					if group = s.join(group); i == len(group) {
-						group = s.await(group)
-					}
-					if i == len(group) {
+					if group = s.more(group); i == len(group) {
 						return nil
 					}
 				}
@@ -1046,14 +1041,16 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 			}
 			// A stream whose index entry is lost is listed too, damaged, once:
 			// an entry no first key names is already listed by its run.
-			listed := make(map[string]bool, len(out))
-			for _, info := range out {
-				listed[info.RunID] = true
-			}
 			orphans, err := s.layout.orphans(tx, index)
-			for _, id := range orphans {
-				if !listed[id] {
-					out = append(out, RunInfo{RunID: id, Status: StatusDamaged})
+			if len(orphans) > 0 {
+				listed := make(map[string]bool, len(out))
+				for _, info := range out {
+					listed[info.RunID] = true
+				}
+				for _, id := range orphans {
+					if !listed[id] {
+						out = append(out, RunInfo{RunID: id, Status: StatusDamaged})
+					}
 				}
 			}
 			slices.SortFunc(out, func(a, b RunInfo) int { return strings.Compare(a.RunID, b.RunID) })

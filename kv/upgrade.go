@@ -164,7 +164,11 @@ func (w *batchWriter) flush() error {
 				return errors.New("kv: upgrade: a bucket of the new store is missing")
 			}
 			if bytes.Equal(p.bucket, logBucket) {
-				b.FillPercent = streamFillPercent // the log's keys arrive in order; the index's and starts' come by run id, so they keep bbolt's fill
+				// The log's keys arrive in order. starts is keyed by run id,
+				// so its keys come in no order, and the index's entries are
+				// rewritten in place as their runs go on: both keep bbolt's
+				// fill.
+				b.FillPercent = streamFillPercent
 			}
 			if err := b.Put(p.k, p.v); err != nil {
 				return err
