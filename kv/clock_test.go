@@ -102,21 +102,10 @@ func TestAKeyAnotherRunHoldsIsNeverOverwritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	held := envs[1].ID // the key right after the tail, as a clock behind it mints
-	for i := len(held) - 1; i >= 6; i-- {
-		if held[i]++; held[i] != 0 {
-			break
-		}
-	}
+	// The key right after the tail, as a clock behind it mints.
+	held := new(events.IDSource).NextAfter(time.UnixMilli(0), envs[1].ID)
 	foreign := []byte("a value under a key another writer holds")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket(logBucket).Put(held[:], foreign) })
-	if err := errors.Join(err, db.Close()); err != nil {
-		t.Fatal(err)
-	}
+	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.Bucket(logBucket).Put(held[:], foreign) })
 
 	if s, err = Open(path, Options{}); err != nil {
 		t.Fatal(err)

@@ -240,7 +240,7 @@ func TestCompactRefusesAFormat1StoreThatCannotBeOneLog(t *testing.T) {
 		}
 	}
 	s.Close()
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	kv.RawUpdate(t, path, func(tx *bolt.Tx) error {
 		runs := tx.Bucket([]byte("runs"))
 		k, v := runs.Bucket([]byte("a")).Cursor().First()
 		return runs.Bucket([]byte("b")).Put(bytes.Clone(k), bytes.Clone(v))
@@ -270,7 +270,7 @@ func TestCompactGivesAnOldIndexEntryItsAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	kv.RawUpdate(t, path, func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte("index"))
 		var m map[string]any
 		if err := msgpack.Unmarshal(b.Get([]byte("old")), &m); err != nil {
@@ -298,19 +298,5 @@ func TestCompactGivesAnOldIndexEntryItsAnchors(t *testing.T) {
 	}
 	if _, err := s.Append(ctx, "old", envs[4].ID, proptest.SoundStream("old")[5]); err != nil {
 		t.Fatalf("append after compaction: %v", err)
-	}
-}
-
-// rawUpdate changes the closed store file at path with bbolt directly, as
-// damage or another version's writer would.
-func rawUpdate(t *testing.T, path string, change func(tx *bolt.Tx) error) {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(change)
-	if err := errors.Join(err, db.Close()); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"os"
 	"path/filepath"
@@ -208,12 +209,7 @@ func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
 	}
 	s.Close()
 	v := append([]byte{0x81, 0xa1, 'x'}, []byte(strings.Repeat("\x91", 100_000))...)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put(entryOf(tx, "A"), append(v, 0xc0)) })
-	db.Close()
+	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.Bucket(indexBucket).Put(entryOf(tx, "A"), append(v, 0xc0)) })
 	s, err = Open(path, Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -252,16 +248,11 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 		t.Fatalf("index entry %+v does not anchor the stream's first time and last key", info[0])
 	}
 	s.Close()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Update(func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
 		b := tx.Bucket(indexBucket)
 		v := b.Get(entryOf(tx, "A"))
 		return b.Put(entryOf(tx, "A"), []byte(strings.Replace(string(v), "running", "finishe", 1)))
 	})
-	db.Close()
 	s, err = Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -310,11 +301,7 @@ func TestAMissingEventIsDamage(t *testing.T) {
 				}
 				s.Close()
 				victim := map[string]ulid.ULID{"middle": envs[2].ID, "first": envs[0].ID, "tail": envs[4].ID}[which]
-				db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				db.Update(func(tx *bolt.Tx) error {
+				rawUpdate(t, path, func(tx *bolt.Tx) error {
 					if which == "index names another tail" {
 						// The count still matches; only the last key does not.
 						info, _, err := readInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), "A")
@@ -327,7 +314,6 @@ func TestAMissingEventIsDamage(t *testing.T) {
 					}
 					return deleteEvent(tx, format, "A", victim)
 				})
-				db.Close()
 				s, err = Open(path, Options{ReadOnly: true})
 				if err != nil {
 					t.Fatal(err)
@@ -636,4 +622,31 @@ func entryOf(tx *bolt.Tx, run string) []byte {
 		return logLayout{}.entryKey(tx, run)
 	}
 	return []byte(run)
+}
+
+// TestOpenResolvesThePageSize: a store Open creates has DefaultPageSize
+// pages unless Options.PageSize names a power of two from 1 KiB to 64 KiB;
+// anything else is refused, naming the value.
+func TestOpenResolvesThePageSize(t *testing.T) {
+	for _, c := range []struct{ set, want int }{
+		{0, DefaultPageSize}, {1 << 10, 1 << 10}, {4096, 4096}, {64 << 10, 64 << 10},
+		{512, 0}, {128 << 10, 0}, {3000, 0}, {-1, 0},
+	} {
+		t.Run(fmt.Sprint(c.set), func(t *testing.T) {
+			s, err := Open(filepath.Join(t.TempDir(), "p.db"), Options{PageSize: c.set, NoSync: true})
+			if c.want == 0 {
+				if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("Options.PageSize %d is not a power of two", c.set)) {
+					t.Fatalf("got %v, want a refusal naming %d", err, c.set)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if got := s.db.Info().PageSize; got != c.want {
+				t.Errorf("page size %d, want %d", got, c.want)
+			}
+		})
+	}
 }

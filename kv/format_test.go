@@ -83,7 +83,7 @@ func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	rawUpdate(t, path, func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("polyloop")) })
+	kv.RawUpdate(t, path, func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("polyloop")) })
 	for _, ro := range []bool{true, false, true} {
 		s, err := kv.Open(path, kv.Options{ReadOnly: ro})
 		if err != nil {
