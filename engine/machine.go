@@ -378,10 +378,14 @@ func (m *machine) modelReturned(in input) command {
 	switch {
 	case in.err != nil && in.cancelled:
 		m.finish(in, events.StopCancelled, nil)
-	case in.err != nil:
-		failure := in.err.Error()
-		if failure == "" {
-			failure = "model call failed"
+	case in.err != nil || replyBytes(in.reply) > events.MaxTextBytes:
+		failure := "model call failed"
+		switch {
+		case in.err != nil && in.err.Error() != "":
+			failure = in.err.Error()
+		case in.err == nil:
+			failure = fmt.Sprintf("the model's reply is %d bytes, more than the %d a run stores (events.MaxTextBytes)",
+				replyBytes(in.reply), events.MaxTextBytes)
 		}
 		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.cur.intent.ResultID, Failure: &failure})
 		m.modelFailed(in)
@@ -396,6 +400,10 @@ func (m *machine) modelReturned(in input) command {
 	}
 	return m.flush()
 }
+
+// replyBytes is the size of a reply's texts, which events.MaxTextBytes
+// bounds together.
+func replyBytes(r events.ModelReply) int { return len(r.Content) + len(r.Thinking) + len(r.CallID) }
 
 // modelFailed completes the step of a failed model call and stops.
 func (m *machine) modelFailed(in input) {
@@ -427,7 +435,42 @@ func safeParse(p seams.DecisionParser, r events.ModelReply) (out seams.ParsedRep
 	if out.Decision == nil {
 		out.Decision = seams.InvalidDecision{Explanation: "parser returned no decision"}
 	}
-	return out
+	return boundParse(out, r)
+}
+
+// boundParse keeps what a parser derived from a reply (which is at most
+// events.MaxTextBytes) within that bound too, so that the step record
+// stays storable: a history text or decision text larger than it makes the
+// decision invalid, with the reply's content as history text; an
+// explanation is clipped. An action is never clipped: what runs is what the
+// model said, or nothing.
+func boundParse(p seams.ParsedReply, r events.ModelReply) seams.ParsedReply {
+	tooLarge := func(what string, n int) seams.ParsedReply {
+		return seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: fmt.Sprintf(
+			"the parser's %s is %d bytes, more than the %d a run stores (events.MaxTextBytes)", what, n, events.MaxTextBytes)}}
+	}
+	if len(p.HistoryText) > events.MaxTextBytes {
+		return tooLarge("history text", len(p.HistoryText))
+	}
+	switch d := p.Decision.(type) {
+	case seams.FinalAnswer:
+		if len(d.Text) > events.MaxTextBytes {
+			return tooLarge("final answer", len(d.Text))
+		}
+	case seams.Action:
+		if len(d.Text) > events.MaxTextBytes {
+			return tooLarge("action", len(d.Text))
+		}
+		if tc := d.ToolCall; tc != nil {
+			if n := len(toolArguments(tc)); n > events.MaxTextBytes {
+				return tooLarge("tool call's arguments", n)
+			}
+		}
+	case seams.InvalidDecision:
+		d.Explanation = events.Clip(d.Explanation, events.MaxTextBytes)
+		p.Decision = d
+	}
+	return p
 }
 
 // afterReply plans what a stored reply leads to.
@@ -487,6 +530,11 @@ func (m *machine) actionReturned(in input) command {
 		return m.flush()
 	}
 	out := in.outcome
+	if len(out.Observation) > events.MaxTextBytes {
+		kept := events.Clip(out.Observation, events.MaxTextBytes)
+		out.ObservationTruncatedChars += chars(out.Observation[len(kept):])
+		out.Observation = kept
+	}
 	if in.err != nil || !out.Status.Valid() || out.ObservationTruncatedChars < 0 {
 		cause := fmt.Sprintf("the executor returned an invalid outcome (status %q, observation_truncated_chars %d)",
 			out.Status, out.ObservationTruncatedChars)
@@ -540,15 +588,21 @@ func (m *machine) actionRecord(in input, a seams.Action, out events.ActionOutcom
 	if tc := a.ToolCall; tc != nil {
 		name := tc.Name
 		rec.ToolName = &name
-		args := "{}"
-		if tc.Arguments != nil {
-			if b, err := json.Marshal(tc.Arguments); err == nil {
-				args = string(b)
-			}
-		}
+		args := toolArguments(tc)
 		rec.ToolArguments = &args
 	}
 	return rec
+}
+
+// toolArguments is a tool call's arguments as the step record keeps them:
+// JSON text, "{}" for none.
+func toolArguments(tc *seams.ToolCall) string {
+	if tc.Arguments != nil {
+		if b, err := json.Marshal(tc.Arguments); err == nil {
+			return string(b)
+		}
+	}
+	return "{}"
 }
 
 // wrap applies the observation template.

@@ -153,6 +153,9 @@ func (r Request) Validate() error {
 	if n := strings.Count(r.observationTemplate(), "{observation}"); n != 1 {
 		bad("ObservationTemplate holds {observation} %d times, must hold it once", n)
 	}
+	if n := len(r.ObservationTemplate); n > events.MaxTextBytes {
+		bad("ObservationTemplate is %d bytes, at most %d (events.MaxTextBytes): every observation is stored wrapped in it", n, events.MaxTextBytes)
+	}
 	if n := strings.Count(r.toolSectionTemplate(), "{tools}"); n != 1 {
 		bad("ToolSectionTemplate holds {tools} %d times, must hold it once", n)
 	}

@@ -258,6 +258,9 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 		{"unknown model replay policy", func(r *engine.Request) { r.ModelReplayPolicy = "sometimes" }, `ModelReplayPolicy "sometimes"`},
 		{"observation template without placeholder", func(r *engine.Request) { r.ObservationTemplate = "Observation:" }, "ObservationTemplate"},
 		{"observation template with two", func(r *engine.Request) { r.ObservationTemplate = "{observation}{observation}" }, "ObservationTemplate"},
+		{"observation template larger than a stored text", func(r *engine.Request) {
+			r.ObservationTemplate = strings.Repeat(" ", events.MaxTextBytes) + "{observation}"
+		}, "ObservationTemplate is 8388621 bytes, at most 8388608"},
 		{"tool section without placeholder", func(r *engine.Request) { r.ToolSectionTemplate = "Tools below" }, "ToolSectionTemplate"},
 		{"negative grace", func(r *engine.Request) { r.CancelGrace = -time.Second }, "CancelGrace"},
 		{"nil executor", func(r *engine.Request) { r.Executor = nil }, "Executor"},

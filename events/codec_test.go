@@ -3,11 +3,13 @@ package events_test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -512,5 +514,55 @@ func TestCompressedPayloadsAreBounded(t *testing.T) {
 		if _, err := events.Unmarshal("run-1", goldenID, b); !errors.Is(err, events.ErrMalformed) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestWhatMarshalWritesUnmarshalReads: the writer and the reader agree on
+// the size bound. A payload up to MaxPayload round-trips, compressible or
+// not; a larger one is refused when writing, with ErrTooLarge naming the
+// limit — never written and then refused as damage when read.
+func TestWhatMarshalWritesUnmarshalReads(t *testing.T) {
+	reply := func(content string) events.Event {
+		return events.ModelCallResult{RunID: "run-1", ResultID: "r", Reply: &events.ModelReply{Content: content}}
+	}
+	random := func(n int) string { // incompressible to S2, which has no entropy coding
+		b := make([]byte, n/2+1)
+		rand.NewChaCha8([32]byte{}).Read(b)
+		return hex.EncodeToString(b)[:n]
+	}
+	under := events.MaxPayload - 1024 // the envelope's other fields fit beside it
+	for _, tc := range []struct {
+		name    string
+		ev      events.Event
+		tooLong bool
+	}{
+		{"compressible, under the limit", reply(strings.Repeat("a", under)), false},
+		{"incompressible, under the limit", reply(random(under)), false},
+		{"compressible, over the limit", reply(strings.Repeat("a", events.MaxPayload+1)), true},
+		{"incompressible, over the limit", reply(random(events.MaxPayload + 1)), true},
+		{"100 MiB of text", reply(strings.Repeat("all work and no play ", (100<<20)/21)), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := events.Marshal(tc.ev)
+			if tc.tooLong {
+				if !errors.Is(err, events.ErrTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(events.MaxPayload)) {
+					t.Fatalf("Marshal: %v, want ErrTooLarge naming the limit %d", err, events.MaxPayload)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Marshal: %v", err)
+			}
+			if err := events.Seal(b, "run-1", goldenID); err != nil {
+				t.Fatal(err)
+			}
+			env, err := events.Unmarshal("run-1", goldenID, b)
+			if err != nil {
+				t.Fatalf("Unmarshal of what Marshal wrote: %v", err)
+			}
+			if !reflect.DeepEqual(env.Event, tc.ev) {
+				t.Fatal("the value decodes differently")
+			}
+		})
 	}
 }

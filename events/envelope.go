@@ -105,7 +105,7 @@ type wireEnvelope struct {
 // eighth of it. A step's texts repeat inside its StepCompleted (the reply
 // as raw_output and action, the observation in the outcome and the
 // record), and LLM text compresses besides; the checksum covers the
-// compressed bytes, as stored. Decompression is bounded by maxPayload.
+// compressed bytes, as stored. Decompression is bounded by MaxPayload.
 //
 // Why S2 and not zstd, which 1.2 wrote (payload_z, still read): on a
 // step's texts (a 2 KB reply and a 4 KB observation, repeated as a
@@ -116,13 +116,29 @@ type wireEnvelope struct {
 // (refs.go) a step stores each text once, and S2's Encode keeps it at 0.94x
 // its payload on disk (EncodeBetter: 0.93x), so the cheaper encoder is used
 // (BenchmarkStorageBytes, BenchmarkConcurrentTextRuns).
-const (
-	compressMin = 1024
-	maxPayload  = 64 << 20
-)
+const compressMin = 1024
+
+// MaxPayload is the largest payload, in bytes of msgpack before
+// compression, that a stored value carries. Marshal refuses a larger event
+// with ErrTooLarge, and Unmarshal decompresses any payload up to it, so
+// whatever a store accepted it reads back. (The bound on reading keeps a
+// forged value from making a reader allocate without limit; values written
+// uncompressed are read whatever their size.)
+const MaxPayload = 64 << 20
+
+// MaxTextBytes bounds each text the engine stores from a consumer: a model
+// reply (its content and thinking together), what a parser derives from it,
+// an observation. A step record holds a handful of them (the reply as
+// raw_output, the action, its arguments, the observation twice), so with
+// each at most MaxTextBytes every record stays well under MaxPayload.
+const MaxTextBytes = 8 << 20
+
+// ErrTooLarge: an event's payload is larger than MaxPayload. Nothing of
+// the append that carried it is written.
+var ErrTooLarge = errors.New("events: event too large to store")
 
 var (
-	zDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxPayload),
+	zDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(MaxPayload),
 		zstd.WithDecoderMaxWindow(8<<20))
 )
 
@@ -186,6 +202,14 @@ type pooledEncoder struct {
 	z          []byte // the compressed payload, reused (copied into buf before the encoder goes back to the pool)
 }
 
+// release returns p to the pool unless a large event grew its buffers,
+// which the pool would otherwise keep alive.
+func (p *pooledEncoder) release() {
+	if p.buf.Cap() <= pooledDecodeMax && p.payloadBuf.Cap() <= pooledDecodeMax && cap(p.z) <= pooledDecodeMax {
+		encoders.Put(p)
+	}
+}
+
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
 // and a checksum field for Seal to fill in once the value's key is known).
 // It refuses an event that fails Validate, so nothing invalid is written.
@@ -206,7 +230,7 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 		return nil, fmt.Errorf("events: invalid %s: %w", ev.Kind(), err)
 	}
 	p := encoders.Get().(*pooledEncoder)
-	defer encoders.Put(p)
+	defer p.release()
 	p.buf.Reset()
 	payloadKey, payload, refs, err := p.encodePayload(ev, lastReply)
 	if err != nil {
@@ -258,6 +282,9 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 			return "", nil, nil, err
 		}
 		raw := p.payloadBuf.Bytes()
+		if len(raw) > MaxPayload {
+			return "", nil, nil, fmt.Errorf("%w: its payload is %d bytes, more than events.MaxPayload (%d)", ErrTooLarge, len(raw), MaxPayload)
+		}
 		if len(raw) >= compressMin {
 			p.z = s2.Encode(p.z[:cap(p.z)], raw)
 			if z := p.z; len(z) <= len(raw)-len(raw)/8 {
@@ -290,7 +317,7 @@ func unmarshal(runID string, id ulid.ULID, b []byte, reply *streamReply) (env En
 		return fail("", ErrMalformed, err.Error())
 	}
 	var w wireEnvelope
-	if err := msgpack.Unmarshal(b, &w); err != nil {
+	if err := decodeWalked(b, &w); err != nil {
 		return fail("", ErrMalformed, err.Error())
 	}
 	if w.Payload == nil && w.Kind == "" && w.SchemaVersion == nil {
@@ -334,8 +361,8 @@ func unmarshal(runID string, id ulid.ULID, b []byte, reply *streamReply) (env En
 		if err != nil {
 			return fail(kind, ErrMalformed, key+" does not decompress: "+err.Error())
 		}
-		if len(raw) > maxPayload {
-			return fail(kind, ErrMalformed, fmt.Sprintf("%s decompresses to %d bytes, more than %d", key, len(raw), maxPayload))
+		if len(raw) > MaxPayload {
+			return fail(kind, ErrMalformed, fmt.Sprintf("%s decompresses to %d bytes, more than %d", key, len(raw), MaxPayload))
 		}
 		if err := WellFormed(raw); err != nil {
 			return fail(kind, ErrMalformed, key+": "+err.Error())
@@ -377,14 +404,14 @@ func countNonNil(bs ...[]byte) int {
 }
 
 // decodeS2 decompresses an S2 block, refusing one that declares more than
-// maxPayload bytes before allocating for it.
+// MaxPayload bytes before allocating for it.
 func decodeS2(z []byte) ([]byte, error) {
 	n, err := s2.DecodedLen(z)
 	if err != nil {
 		return nil, err
 	}
-	if n > maxPayload {
-		return nil, fmt.Errorf("it declares %d bytes, more than %d", n, maxPayload)
+	if n > MaxPayload {
+		return nil, fmt.Errorf("it declares %d bytes, more than %d", n, MaxPayload)
 	}
 	return s2.Decode(nil, z)
 }
@@ -558,8 +585,30 @@ func kindKnown(k Kind) bool {
 
 func decodeAs[T Event](raw msgpack.RawMessage) (Event, error) {
 	var v T
-	if err := msgpack.Unmarshal(raw, &v); err != nil {
+	if err := decodeWalked(raw, &v); err != nil {
 		return nil, err
 	}
 	return v, nil
 }
+
+// decodeWalked is msgpack.Unmarshal for bytes WellFormed has walked. Its
+// bound on every declared length lets the decoder allocate a string or
+// slice at its size at once, where msgpack's default (growing by 1 MiB
+// while reading, against lengths it cannot trust) copied a 64 MiB reply
+// some thirty times. A decoder that read a large value is not pooled: it
+// keeps its largest buffer.
+func decodeWalked(b []byte, v any) error {
+	dec := msgpack.GetDecoder()
+	dec.Reset(bytes.NewReader(b))
+	dec.UsePreallocateValues(true)
+	dec.DisableAllocLimit(true)
+	err := dec.Decode(v)
+	if len(b) <= pooledDecodeMax {
+		msgpack.PutDecoder(dec)
+	}
+	return err
+}
+
+// pooledDecodeMax is the largest value whose decoder (and its buffer) goes
+// back to the pool, and the largest buffer a pooled encoder keeps.
+const pooledDecodeMax = 1 << 20

@@ -162,13 +162,21 @@ const MaxEnvErrorBytes = 4096
 // MaxEnvErrorBytes, cut at a UTF-8 boundary and marked with "…".
 func EnvErrorText(cause string) *string {
 	if len(cause) > MaxEnvErrorBytes {
-		cut := MaxEnvErrorBytes - len("…")
-		for cut > 0 && !utf8.RuneStart(cause[cut]) {
-			cut--
-		}
-		cause = cause[:cut] + "…"
+		cause = Clip(cause, MaxEnvErrorBytes-len("…")) + "…"
 	}
 	return &cause
+}
+
+// Clip returns the longest prefix of s of at most n bytes that ends at a
+// UTF-8 boundary (s itself when it is short enough).
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // Validate reports an invalid status.

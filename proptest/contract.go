@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -240,6 +241,34 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 		if got := mustLoad(t, s, "v"); len(got) != 0 {
 			t.Fatalf("refused appends wrote %d events", len(got))
+		}
+	})
+
+	t.Run("WhatAppendAcceptsLoadReturns", func(t *testing.T) {
+		// A reply at the limit (compressible, as the one once written and
+		// then refused as damage was) round-trips; one over it is refused
+		// with events.ErrTooLarge, together with the rest of its append,
+		// and the stream goes on from where it was.
+		s := open(t)
+		stream := SoundStream("big")
+		mustAppend(t, s, "big", stream[:2]...) // RunStarted, the model intent
+		reply := func(n int) events.ModelCallResult {
+			r := stream[2].(events.ModelCallResult)
+			r.Reply = &events.ModelReply{Content: strings.Repeat("all work and no play ", n/21)}
+			return r
+		}
+		_, err := s.Append(ctx, "big", tail(t, s, "big"), reply(events.MaxPayload+64), stream[3])
+		if !errors.Is(err, events.ErrTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(events.MaxPayload)) {
+			t.Fatalf("appending a reply over the limit: %v, want events.ErrTooLarge naming %d", err, events.MaxPayload)
+		}
+		if got := mustLoad(t, s, "big"); len(got) != 2 {
+			t.Fatalf("a refused append left %d events, want the 2 before it", len(got))
+		}
+		atLimit := reply(events.MaxPayload - 1024)
+		mustAppend(t, s, "big", atLimit, stream[3])
+		got := mustLoad(t, s, "big")
+		if len(got) != 4 || !reflect.DeepEqual(got[2].Event, events.Event(atLimit)) {
+			t.Fatalf("a reply at the limit did not round-trip (%d events loaded)", len(got))
 		}
 	})
 
