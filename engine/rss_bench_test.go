@@ -18,6 +18,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
@@ -86,6 +87,19 @@ func rssChild() int {
 			fmt.Fprintln(os.Stderr, "build:", err)
 			return 4
 		}
+	case "large", "large-load": // the largest reply a run stores, a final answer; then (large-load) the run read back
+		def := engine.Definition{Model: largeModel{}, Parser: seamstest.Parser{}, Store: store}
+		r, err := engine.Run(ctx, def, benchRequest("large", 2))
+		if err != nil || r.StopReason != events.StopAgentFinished {
+			fmt.Fprintln(os.Stderr, "large:", r.StopReason, err)
+			return 4
+		}
+		if os.Getenv(rssChildEnv) == "large-load" {
+			if _, err := store.Load(ctx, "large"); err != nil {
+				fmt.Fprintln(os.Stderr, "large: load:", err)
+				return 4
+			}
+		}
 	case "resume":
 		def := engine.Definition{Model: benchModel{steps: 10_000}, Parser: seamstest.Parser{}, Store: store}
 		r, err := engine.Resume(ctx, def, benchRequest("long", 10_000))
@@ -105,6 +119,16 @@ func rssChild() int {
 	return 0
 }
 
+// largeModel's reply is a final answer as large as a reply may be
+// (events.MaxTextBytes), compressible as LLM text is.
+type largeModel struct{}
+
+func (largeModel) Call(context.Context, seams.ModelCall) (events.ModelReply, error) {
+	text := "FINAL: " + strings.Repeat("all work and no play ", events.MaxTextBytes/21+1)
+	return events.ModelReply{Content: text[:events.MaxTextBytes]}, nil
+}
+func (largeModel) Parameters() map[string]string { return nil }
+
 // statusKiB reads a "kB" field of /proc/self/status, or -1.
 func statusKiB(field string) int64 {
 	status, _ := os.ReadFile("/proc/self/status")
@@ -120,8 +144,9 @@ func statusKiB(field string) int64 {
 }
 
 // BenchmarkPeakRSS reports the peak resident memory (MiB) of 64 concurrent
-// 1,000-step runs and of resuming a 10,000-step run, beside an idle
-// process's, each in its own child process.
+// 1,000-step runs, of a run whose reply is as large as a run stores (and of
+// reading that run back), and of resuming a 10,000-step run, beside an
+// idle process's, each in its own child process.
 func BenchmarkPeakRSS(b *testing.B) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		b.Skip("needs /proc")
@@ -144,13 +169,24 @@ func BenchmarkPeakRSS(b *testing.B) {
 	long := filepath.Join(dir, "long.db")
 	child("build", long)
 	for b.Loop() {
-		hwm, anon, _ := child("idle", filepath.Join(dir, "idle.db"))
-		b.ReportMetric(hwm, "idle-MiB")
+		idle, anon, _ := child("idle", filepath.Join(dir, "idle.db"))
+		b.ReportMetric(idle, "idle-MiB")
 		b.ReportMetric(anon, "idle-anon-MiB")
 		hwm, anon, prompt := child("concurrent", filepath.Join(dir, fmt.Sprint("c", b.N, ".db")))
 		b.ReportMetric(hwm, "64x1000-MiB")
 		b.ReportMetric(anon, "64x1000-anon-MiB")
 		b.ReportMetric(prompt, "64x1000-prompt-KiB")
+		// The largest reply a run stores: peak memory above an idle
+		// process as a multiple of it, running the run and then also
+		// reading it back.
+		reply := float64(events.MaxTextBytes) / (1 << 20)
+		hwm, anon, _ = child("large", filepath.Join(dir, fmt.Sprint("l", b.N, ".db")))
+		b.ReportMetric(hwm, "large-MiB")
+		b.ReportMetric(anon, "large-anon-MiB")
+		b.ReportMetric((hwm-idle)/reply, "large-x-reply")
+		hwm, _, _ = child("large-load", filepath.Join(dir, fmt.Sprint("ll", b.N, ".db")))
+		b.ReportMetric(hwm, "large-load-MiB")
+		b.ReportMetric((hwm-idle)/reply, "large-load-x-reply")
 		hwm, anon, prompt = child("resume", long)
 		b.ReportMetric(hwm, "resume10000-MiB")
 		b.ReportMetric(anon, "resume10000-anon-MiB")

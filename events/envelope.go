@@ -278,6 +278,11 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 	deduped, refs := withRefs(ev, lastReply)
 	for {
 		p.payloadBuf.Reset()
+		if n := textBytes(deduped); n > pooledDecodeMax {
+			// One allocation at size, not a doubling buffer's trail of
+			// garbage as large as the payload.
+			p.payloadBuf.Grow(n + 4096)
+		}
 		if err := p.payload.Encode(deduped); err != nil {
 			return "", nil, nil, err
 		}
@@ -285,9 +290,14 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 		if len(raw) > MaxPayload {
 			return "", nil, nil, fmt.Errorf("%w: its payload is %d bytes, more than events.MaxPayload (%d)", ErrTooLarge, len(raw), MaxPayload)
 		}
-		if len(raw) >= compressMin {
+		// An event large enough to compress keeps its references however
+		// small they leave its payload (a reader takes them only beside a
+		// compressed one): a final answer's step would otherwise store the
+		// reply again, and a reader decode it again.
+		withRefs := refs != nil && textBytes(ev) >= compressMin
+		if len(raw) >= compressMin || withRefs {
 			p.z = s2.Encode(p.z[:cap(p.z)], raw)
-			if z := p.z; len(z) <= len(raw)-len(raw)/8 {
+			if z := p.z; withRefs || len(z) <= len(raw)-len(raw)/8 {
 				return "payload_s2", z, refs, nil
 			}
 		}
@@ -296,6 +306,41 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 		}
 		deduped, refs = ev, nil // refs only beside a compressed payload
 	}
+}
+
+// textBytes is the size of ev's texts, the bulk of its payload when it is
+// large: a size hint for the encoder.
+func textBytes(ev Event) int {
+	n := 0
+	str := func(s *string) {
+		if s != nil {
+			n += len(*s)
+		}
+	}
+	if e, ok := As[RunStarted](ev); ok {
+		for k, v := range e.ParameterSnapshot {
+			n += len(k) + len(v)
+		}
+	}
+	if e, ok := As[ModelCallResult](ev); ok {
+		if e.Reply != nil {
+			n += len(e.Reply.Content) + len(e.Reply.Thinking)
+		}
+		str(e.Failure)
+	}
+	if e, ok := As[StepCompleted](ev); ok {
+		n += len(e.Step.RawOutput) + len(e.Step.Observation)
+		str(e.Step.Action)
+		str(e.Step.ParseError)
+		str(e.Step.ToolArguments)
+		if o := e.ActionOutcome; o != nil {
+			n += len(o.Observation)
+		}
+	}
+	if e, ok := As[RunFinished](ev); ok {
+		str(e.Result.FinalAnswer)
+	}
+	return n
 }
 
 // Unmarshal decodes a stored value written under key id in runID's stream,
