@@ -48,7 +48,11 @@
 // Run and Resume take the store's run lock when it has one
 // (seams.RunLocker; kv and MemStore do), so a second driver in the same
 // process fails with ErrRunBusy before it reads the run, calls the model or
-// executes anything. The guarantee does not rest on the lock: the driver
+// executes anything. Resume takes it only once it has seen the run's first
+// event (a run with no log is ErrRunNotFound without it), so the id of a
+// run that does not exist is held only by a Run starting it, and a Run
+// turned away by the lock fails with an error matching ErrRunExists as
+// well as ErrRunBusy. The guarantee does not rest on the lock: the driver
 // names, on every append, the tail it holds (seams.RunStore.Append), and an
 // append whose tail moved fails; the driver then stops at once, executes
 // nothing more and returns ErrRunBusy. Of two drivers continuing one tail,

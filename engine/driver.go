@@ -20,13 +20,19 @@ import (
 // failure, a cancelled run whose RunFinished could not be written within the
 // grace); every way the loop itself stops is a RunResult with a stop reason.
 // Run fails with ErrRunExists when the run id already has a log, before
-// writing anything.
+// writing anything, and also when another driver holds the run id (the
+// error then matches ErrRunBusy too): a driver holds a run id only for a
+// run that exists or that it is starting, since Resume takes it only once
+// it has seen the run's log.
 func Run(ctx context.Context, def Definition, req Request) (events.RunResult, error) {
 	cfg, err := prepare(def, req)
 	if err != nil {
 		return events.RunResult{}, err
 	}
 	release, err := lockRun(def.Store, req.RunID)
+	if errors.Is(err, ErrRunBusy) {
+		return events.RunResult{}, fmt.Errorf("engine: run %q: %w: %w", req.RunID, ErrRunExists, err)
+	}
 	if err != nil {
 		return events.RunResult{}, err
 	}

@@ -205,3 +205,89 @@ func TestCancelledRunsKeepEveryExecutedOutcome(t *testing.T) {
 	}
 	t.Logf("%d of %d runs ended cancelled", cancelled, runs)
 }
+
+// slowEmptyLoads is a store whose Load of a run that holds nothing blocks
+// until release is closed, signalling entered first: it holds a driver
+// inside its read of a run that does not exist yet.
+type slowEmptyLoads struct {
+	seams.RunStore
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *slowEmptyLoads) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	stream, err := s.RunStore.Load(ctx, runID)
+	if err == nil && len(stream) == 0 {
+		s.once.Do(func() { close(s.entered); <-s.release })
+	}
+	return stream, err
+}
+
+func (s *slowEmptyLoads) LockRun(runID string) (func(), error) {
+	return s.RunStore.(seams.RunLocker).LockRun(runID)
+}
+
+// TestARunIsNotRefusedByAResumeOfNothing: a Resume reading a run that does
+// not exist yet while a Run starts it must not leave nobody running it.
+// The Resume finds nothing (ErrRunNotFound); the Run runs the run.
+func TestARunIsNotRefusedByAResumeOfNothing(t *testing.T) {
+	for _, kind := range []string{"kv", "memory"} {
+		t.Run(kind, func(t *testing.T) {
+			a := newAgent(storeOf(t, kind), "r", seamstest.Replies("FINAL: done")...)
+			slow := &slowEmptyLoads{RunStore: a.def.Store, entered: make(chan struct{}), release: make(chan struct{})}
+			a.def.Store = slow
+			resumed := make(chan error, 1)
+			go func() { _, err := engine.Resume(context.Background(), a.def, a.req); resumed <- err }()
+			<-slow.entered // the Resume is reading the run that is not there
+			ran := make(chan error, 1)
+			go func() { _, err := engine.Run(context.Background(), a.def, a.req); ran <- err }()
+			select {
+			case err := <-ran: // the Run did not wait for the Resume's read
+				close(slow.release)
+				if err != nil {
+					t.Fatalf("Run while a Resume read a run that did not exist: %v", err)
+				}
+			case <-time.After(100 * time.Millisecond): // it waits for it: let the Resume go on
+				close(slow.release)
+				if err := <-ran; err != nil {
+					t.Fatalf("Run while a Resume read a run that did not exist: %v", err)
+				}
+			}
+			if err := <-resumed; err != nil && !errors.Is(err, engine.ErrRunNotFound) && !errors.Is(err, engine.ErrRunBusy) {
+				t.Fatalf("Resume: %v", err)
+			}
+			if r, ok := projections.Fold(soundLog(t, a.def.Store, "r")).Result(); !ok || r.StopReason != events.StopAgentFinished {
+				t.Fatalf("nobody ran the run: %+v", r)
+			}
+		})
+	}
+}
+
+// TestConcurrentStartsOfOneRunLoseWithErrRunExists: of 8 Runs of one run
+// id at once, one runs it and every other is told the run exists, as Run
+// promises a second start of a run id, whether it found the log or found
+// the id held by the driver starting it.
+func TestConcurrentStartsOfOneRunLoseWithErrRunExists(t *testing.T) {
+	for _, kind := range []string{"kv", "memory"} {
+		t.Run(kind, func(t *testing.T) {
+			a := newAgent(storeOf(t, kind), "r", seamstest.Replies("FINAL: done")...)
+			drivers := make([]func(context.Context, engine.Definition, engine.Request) (events.RunResult, error), 8)
+			for i := range drivers {
+				drivers[i] = engine.Run
+			}
+			won := 0
+			for _, err := range raceDrivers(a, drivers...) {
+				switch {
+				case err == nil:
+					won++
+				case !errors.Is(err, engine.ErrRunExists):
+					t.Errorf("a losing Run: %v, want an error matching engine.ErrRunExists", err)
+				}
+			}
+			if won != 1 {
+				t.Errorf("%d Runs ran the run, want 1", won)
+			}
+		})
+	}
+}

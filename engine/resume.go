@@ -28,6 +28,12 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	if err != nil {
 		return events.RunResult{}, err
 	}
+	// A run with no log is not found before its id is held: a Resume
+	// holding the id of a run that does not exist would turn a Run starting
+	// it away for nothing.
+	if found, err := hasLog(ctx, def.Store, req.RunID); err == nil && !found {
+		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, ErrRunNotFound)
+	}
 	release, err := lockRun(def.Store, req.RunID)
 	if err != nil {
 		return events.RunResult{}, err
@@ -81,4 +87,22 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w:\n  %s", req.RunID, ErrParametersChanged, strings.Join(diff, "\n  "))
 	}
 	return newDriver(def, req, last).drive(ctx, m)
+}
+
+// errFound stops hasLog's scan at the first event.
+var errFound = errors.New("found")
+
+// hasLog reports whether runID's stream holds any event, reading only its
+// first when the store can hand a stream over event by event. An error
+// means it cannot tell; the caller then reads the run as it would have.
+func hasLog(ctx context.Context, store seams.RunStore, runID string) (bool, error) {
+	if sc, ok := store.(seams.RunScanner); ok {
+		err := sc.Scan(ctx, runID, func(events.Envelope) error { return errFound })
+		if errors.Is(err, errFound) {
+			return true, nil
+		}
+		return false, err
+	}
+	stream, err := store.Load(ctx, runID)
+	return len(stream) > 0, err
 }
