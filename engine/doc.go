@@ -82,6 +82,16 @@
 //     that wrapped text. The llm_error step's synthetic text is not wrapped:
 //     it is never fed back.
 //   - A tool call when Request.Tools is nil is rejected like an unknown tool.
+//   - Every text a consumer hands a run is at most events.MaxTextBytes, so
+//     every event stays under events.MaxPayload and what a run writes it
+//     reads back: a model reply larger than that (content and thinking
+//     together) is a failed model call (llm_error, nothing executed, the
+//     failure saying why); a parser's history text, final answer, action or
+//     tool arguments larger than it make the decision invalid (an action is
+//     never cut: what runs is what the model said, or nothing); a parse
+//     failure's explanation is cut to it; an observation larger than it is
+//     cut at a UTF-8 boundary, and the code points cut are added to
+//     observation_truncated_chars.
 //   - step_wall_ms runs from the moment the step's model intent was durable
 //     (its ULID time) to the StepCompleted, so it survives a resume.
 //   - Injected entry ids are recorded in the parameter snapshot

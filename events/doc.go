@@ -51,6 +51,11 @@
 // An S2 block declaring more than the 64 MiB bound is refused before
 // anything is allocated for it.
 //
+// The same bound, MaxPayload, holds when writing, whether or not the
+// payload compresses: Marshal refuses a larger payload with ErrTooLarge,
+// so a store never accepts what it would not read back. MaxTextBytes is the
+// engine's share of it for each text a consumer hands a run.
+//
 // 1.3 also stores each of a step's texts once: a compressed StepCompleted
 // may leave step.raw_output, step.action and step.observation empty and
 // say in the envelope's "refs" that they are the run's latest reply, a

@@ -15,10 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
@@ -168,7 +170,11 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 
 	child := func(runID, execLog, mode string) (*exec.Cmd, *strings.Builder, *strings.Builder) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childStoreEnv+"="+storePath, childRunEnv+"="+runID, childExecEnv+"="+execLog,
+		childStore := storePath
+		if stores.IsURL(storePath) && mode == "run" { // its sessions, to wait for once it is killed
+			childStore += "&application_name=" + sessionName(runID)
+		}
+		cmd.Env = append(os.Environ(), childStoreEnv+"="+childStore, childRunEnv+"="+runID, childExecEnv+"="+execLog,
 			childModeEnv+"="+mode, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -182,7 +188,7 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	// executed k actions (its execution log has k lines), then a random
 	// moment of up to 3 ms more.
 	const wantKills = 20
-	kills, unknown := 0, 0
+	kills, unknown, lingering, committedLate := 0, 0, 0, 0
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for attempt := 0; kills < wantKills; attempt++ {
 		if attempt >= 3*wantKills {
@@ -200,6 +206,24 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		}
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
 			t.Fatalf("child failed on its own: %v\n%s", err, stderr.String())
+		}
+		if stores.IsURL(storePath) {
+			// The dead child's server session outlives it until the server
+			// notices, and a COMMIT it had sent may still commit: what it
+			// left is judged only once its sessions are gone. early is the
+			// stream as a reader saw it at once, to count how often that
+			// was not yet what the child left.
+			early := loadNow(t, storePath, runID)
+			n, err := waitSessionsGone(ctx, storePath, sessionName(runID), 30*time.Second)
+			if err != nil {
+				t.Fatalf("kill %d: %v", kills, err)
+			}
+			if n > 0 {
+				lingering++
+			}
+			if loadNow(t, storePath, runID) != early {
+				committedLate++
+			}
 		}
 
 		store, err := stores.Open(ctx, storePath, stores.Options{})
@@ -250,6 +274,10 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		checkExecLog(t, execLog)
 	}
 	t.Logf("%d children killed mid-run and resumed; %d stopped honestly with resume_state_unknown", kills, unknown)
+	if stores.IsURL(storePath) {
+		t.Logf("%d killed children still had a session on the server when they were reaped; in %d the stream grew after that (a write of the dead child committed late)",
+			lingering, committedLate)
+	}
 	if racing {
 		t.Logf("racing resumes: %d continued the run, %d refused with ErrRunBusy, %d found it finished", raceStats.continued, raceStats.busy, raceStats.finished)
 	}
@@ -346,6 +374,57 @@ func checkExecLog(t *testing.T, path string) {
 		seen[id]++
 		if seen[id] > 1 && policy != string(events.ReplaySafe) {
 			t.Fatalf("never action %s executed %d times", id, seen[id])
+		}
+	}
+}
+
+// loadNow is the length of runID's stream at storePath now.
+func loadNow(t *testing.T, storePath, runID string) int {
+	t.Helper()
+	ctx := context.Background()
+	s, err := stores.Open(ctx, storePath, stores.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stream, err := s.Load(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(stream)
+}
+
+// sessionName is the application_name of a killed child's sessions.
+func sessionName(runID string) string { return "polyloop-kill-" + runID }
+
+// waitSessionsGone waits until the server at storeURL holds no session
+// named name, or limit passes (an error), and returns how many it held when
+// first asked.
+func waitSessionsGone(ctx context.Context, storeURL, name string, limit time.Duration) (int, error) {
+	cfg, err := pgx.ParseConfig(storeURL)
+	if err != nil {
+		return 0, err
+	}
+	delete(cfg.RuntimeParams, pgstore.SchemaParam)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	first := -1
+	for deadline := time.Now().Add(limit); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, name).Scan(&n); err != nil {
+			return 0, err
+		}
+		if first < 0 {
+			first = n
+		}
+		if n == 0 {
+			return first, nil
+		}
+		if time.Now().After(deadline) {
+			return first, fmt.Errorf("%d sessions of the killed child %s still on the server after %s", n, name, limit)
 		}
 	}
 }
