@@ -1,7 +1,6 @@
 package kv
 
 import (
-	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 
@@ -25,32 +24,15 @@ const (
 	StatusDamaged  = seams.StatusDamaged
 )
 
-// storedInfo is an index entry as stored: the RunInfo and a CRC-32C over its
-// fields and the run id it is filed under (absent in entries written before
-// the store kept one).
+// storedInfo is an index entry as stored: the RunInfo and its CRC-32C
+// (seams.RunInfo.Checksum: its fields and the key it is filed under;
+// absent in entries written before the store kept one).
 type storedInfo struct {
 	RunInfo `msgpack:",inline"`
 	CRC     *uint32 `msgpack:"crc"`
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// sum is the entry's checksum: every field, in a fixed order, with the key
-// it is filed under.
-func infoSum(r *RunInfo, key []byte) uint32 {
-	var buf [256]byte // an entry fits in practice: one allocation, not one per doubling
-	b := binary.AppendUvarint(buf[:0], uint64(len(key)))
-	b = append(b, key...)
-	for _, s := range []string{r.RunID, string(r.Status), string(r.StopReason)} {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
-	for _, n := range []int64{int64(r.Steps), int64(r.Events), r.FirstEvent.UnixNano(), r.LastEvent.UnixNano()} {
-		b = binary.AppendVarint(b, n)
-	}
-	b = append(b, r.LastID[:]...)
-	return crc32.Checksum(b, castagnoli)
-}
 
 // readInfo reads runID's index entry, filed under key (the layout's
 // entryKey; nil: none on record): ok false when there is none, an
@@ -83,7 +65,7 @@ func decodeInfo(key, v []byte, runID string) (RunInfo, error) {
 	if err := msgpack.Unmarshal(v, &st); err != nil {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, runID, err)
 	}
-	if st.CRC != nil && *st.CRC != infoSum(&st.RunInfo, key) {
+	if st.CRC != nil && *st.CRC != st.RunInfo.Checksum(key) {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q fails its checksum", ErrCorrupt, runID)
 	}
 	if st.RunID != runID {
@@ -104,7 +86,7 @@ func writeInfo(index *bolt.Bucket, key []byte, info RunInfo) ([]byte, error) {
 
 // encodeInfo is info as stored under key, with its checksum.
 func encodeInfo(key []byte, info RunInfo) ([]byte, error) {
-	sum := infoSum(&info, key)
+	sum := info.Checksum(key)
 	return msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
 }
 

@@ -7,8 +7,9 @@
 //
 // A store lives in one schema (DefaultSchema, or Options.Schema): the run
 // index runs (one row per run: status, steps, events, stop reason, first and
-// last event time, last key), and events (run_id, seq, id, kind, value,
-// crc; PRIMARY KEY (run_id, seq)). value is the envelope exactly as package
+// last event time, last key, and crc, the CRC-32C of all of them that kv's
+// index entries carry too, seams.RunInfo.Checksum), and events (run_id,
+// seq, id, kind, value, crc; PRIMARY KEY (run_id, seq)). value is the envelope exactly as package
 // kv stores it — events.Marshal's bytes, sealed with their CRC-32C — so one
 // decoder (events.Unmarshal) serves both stores and a run copied between
 // them is byte-identical; crc repeats the checksum for SQL's sake. The
@@ -16,14 +17,23 @@
 // by Open (or Migrate) under a transaction-scoped advisory lock, so workers
 // starting together migrate once; schema_migrations records them. A schema
 // at a newer version than SchemaVersion is refused naming both versions;
-// a read-only store refuses any other version.
+// a read-only store refuses any other version. Migration 2 gives the runs
+// rows their checksum, computing it for the rows already there over their
+// values as they stand (Load's comparison of each row with its stream
+// still finds one changed before); workers of version 1 must stop first,
+// since their appends write rows without one.
 //
 // # Appends
 //
 // An append is one SQL statement, so one transaction: it moves the run's
-// index row on — only if the row's last key is the tail the caller names
-// and the run is not finished — and inserts the events numbered after the
-// stream's length. The database thereby enforces the expected-tail rule: of
+// index row on — only if the row is still the one the append continues
+// (its last key the tail the caller names, the run not finished, every
+// column and the checksum as the writer read or wrote them) — and inserts
+// the events numbered after the stream's length. The writer computes the
+// new row and its checksum: from the row it wrote itself when this process
+// holds the run's lock (a driver's append is one round trip), else from
+// the row it reads first, whose checksum must hold (a damaged row refuses
+// the append with ErrCorrupt). The database thereby enforces the expected-tail rule: of
 // two workers continuing one run, the second waits for the first's row lock,
 // then finds another last key and writes nothing; of two starting one run,
 // the second's insert of the index row conflicts and writes nothing; and
@@ -64,12 +74,19 @@
 //
 // Load reads a run in one statement (one snapshot) and checks it: every
 // value's checksum, the crc and kind columns against the value, seq running
-// 1, 2, 3 without a gap, keys increasing, and the length and last key the
-// index row names (events without an index row are damage too: the tables
-// have no foreign key, whose per-row check cost a tenth of a step); damage
-// is reported like kv's (*events.DamageError with
-// everything that did decode). A store opened with Options.ReadOnly runs
-// every statement in a read-only transaction and never migrates.
+// 1, 2, 3 without a gap, keys increasing, the index row's checksum, and the
+// row against the stream — its length and last key, and, when every event
+// decoded, its status, steps, stop reason and times (events without an
+// index row are damage too: the tables have no foreign key, whose per-row
+// check cost a tenth of a step); damage is reported like kv's
+// (*events.DamageError with everything that did decode, wrapped with
+// ErrCorrupt). Runs lists a row failing its checksum, and a run whose
+// events have no row (found by one index probe per run of the events'
+// primary key), as seams.StatusDamaged, as kv does. The row alone never
+// decides that a run is finished where the stream can: DeleteRun without
+// force requires the stream's last event to be run_finished too. A store
+// opened with Options.ReadOnly runs every statement in a read-only
+// transaction and never migrates.
 //
 // # Connecting
 //

@@ -17,10 +17,14 @@ import (
 // runLock is a run reserved by this process: a pooled connection holding a
 // session-level advisory lock on the run, which the run's appends use too.
 // mu serialises the connection's use (pgx connections are not safe for
-// concurrent use); conn is nil while the lock is being taken.
+// concurrent use) and guards row; conn is nil while the lock is being
+// taken.
 type runLock struct {
 	mu   sync.Mutex
 	conn *pgxpool.Conn
+	// row is the run's index row as this process's last append wrote it
+	// (nil: unknown), so the driver's next append need not read it back.
+	row *indexRow
 }
 
 // lockKey is the advisory lock's key text: schema and run id, so stores in
@@ -149,22 +153,23 @@ type session interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// sessionFor returns what runID's statements go through, and a function to
-// call when they are done (their rows closed): the run's locked connection
-// when this process holds its lock, the pool otherwise. A locked run never
-// needs a second connection, so runs holding every connection of the pool
-// cannot starve each other.
-func (s *Store) sessionFor(runID string) (session, func()) {
+// sessionFor returns what runID's statements go through, the run's lock
+// when this process holds it (nil otherwise; its row is the caller's until
+// done), and a function to call when they are done (their rows closed):
+// the run's locked connection when this process holds its lock, the pool
+// otherwise. A locked run never needs a second connection, so runs holding
+// every connection of the pool cannot starve each other.
+func (s *Store) sessionFor(runID string) (session, *runLock, func()) {
 	s.lockMu.Lock()
 	l := s.locks[runID]
 	s.lockMu.Unlock()
 	if l == nil {
-		return s.pool, func() {}
+		return s.pool, nil, func() {}
 	}
 	l.mu.Lock()
 	if l.conn == nil {
 		l.mu.Unlock()
-		return s.pool, func() {}
+		return s.pool, nil, func() {}
 	}
-	return l.conn, l.mu.Unlock
+	return l.conn, l, l.mu.Unlock
 }

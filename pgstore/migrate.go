@@ -50,6 +50,12 @@ var migrations = func() []migration {
 	return out
 }()
 
+// completions finish a migration in Go where SQL cannot (a CRC-32C), in
+// its transaction, after its SQL: by version.
+var completions = map[int]func(ctx context.Context, tx pgx.Tx, schema string) error{
+	2: checksumRows,
+}
+
 // SchemaVersion is the version of the store's tables this package reads and
 // writes: the number of its last migration.
 var SchemaVersion = len(migrations)
@@ -98,6 +104,11 @@ CREATE TABLE IF NOT EXISTS ` + schema + `.schema_migrations (
 	for _, m := range migrations[have:] {
 		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.sql, "{{schema}}", schema)); err != nil {
 			return fmt.Errorf("pgstore: migration %s: %w", m.name, err)
+		}
+		if complete := completions[m.version]; complete != nil {
+			if err := complete(ctx, tx, schema); err != nil {
+				return fmt.Errorf("pgstore: migration %s: %w", m.name, err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
 			return fmt.Errorf("pgstore: record migration %s: %w", m.name, err)
@@ -152,4 +163,40 @@ func (s *Store) versionError(have int) error {
 	}
 	return fmt.Errorf("%w: schema %q of %s is at version %d, this package reads and writes version %d",
 		ErrSchemaVersion, s.schema, s.target, have, SchemaVersion)
+}
+
+// checksumRows completes migration 2: every runs row written before the
+// store kept a checksum gets one, over its values as they stand (a row
+// changed before the migration then sums, but Load still compares every
+// row with its stream and reports one the stream contradicts), and the
+// column becomes NOT NULL, so no row goes without.
+func checksumRows(ctx context.Context, tx pgx.Tx, schema string) error {
+	rows, err := tx.Query(ctx, `SELECT `+rowColumns("")+` FROM `+schema+`.runs WHERE crc IS NULL`)
+	if err != nil {
+		return fmt.Errorf("read the runs rows: %w", err)
+	}
+	var (
+		ids  []string
+		sums []int64
+		sc   rowScan
+	)
+	for rows.Next() {
+		if err := rows.Scan(sc.dest()...); err != nil {
+			rows.Close()
+			return fmt.Errorf("read the runs rows: %w", err)
+		}
+		// The table's constraints hold every column but crc non-null.
+		ids, sums = append(ids, *sc.runID), append(sums, int64(rowSum(sc.info())))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the runs rows: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+schema+`.runs r SET crc = t.crc FROM unnest($1::text[], $2::bigint[]) AS t(run_id, crc) WHERE r.run_id = t.run_id`, ids, sums); err != nil {
+		return fmt.Errorf("write the runs rows' checksums: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `ALTER TABLE `+schema+`.runs ALTER COLUMN crc SET NOT NULL`); err != nil {
+		return fmt.Errorf("make the runs rows' checksum NOT NULL: %w", err)
+	}
+	return nil
 }

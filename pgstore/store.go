@@ -95,8 +95,7 @@ type Store struct {
 
 // queries are the statements, with the schema filled in.
 type queries struct {
-	start, cont, state, load, runs, delete string
-	runsTable                              string
+	start, cont, row, load, runs, deletable, delete string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -223,35 +222,60 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// nothing is written: of two concurrent starts one waits for the
 		// other's commit and writes nothing).
 		start: sub(`WITH r AS (
-	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id)
-	VALUES ($1, $6, $7, $8, $9, $12, $10, $11)
+	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc)
+	VALUES ($1, $6, $7, $8, $9, $12, $10, $11, $13)
 	ON CONFLICT (run_id) DO NOTHING
 	RETURNING 0::bigint AS base)` + insertEvents),
-		// A continued run: its index row moves on only when the stream's
-		// last key is the caller's tail ($12) and the run is not finished;
-		// a concurrent continuation waits for the row lock, then finds
-		// another last key and writes nothing.
+		// A continued run: its index row becomes the one the append
+		// computed, checksum included, only when it is still exactly the
+		// row the writer computed from ($14-$19, the last key its tail
+		// $12): a concurrent continuation waits for the row lock, then
+		// finds another last key and writes nothing, and a row changed
+		// behind the store's back is not written over.
 		cont: sub(`WITH r AS (
-	UPDATE {{schema}}.runs SET status = $6, steps = steps + $7, events = events + $8,
-		stop_reason = $9, last_event = $10, last_id = $11
-	WHERE run_id = $1 AND last_id = $12 AND status = 'running'
-	RETURNING events - $8 AS base)` + insertEvents),
-		state: sub(`SELECT last_id, status FROM {{schema}}.runs WHERE run_id = $1`),
-		// One row at least: the index row's anchors (null without one) and
-		// the events in order (null without any).
-		load: sub(`SELECT r.events, r.last_id, e.seq, e.id, e.kind, e.value, e.crc
+	UPDATE {{schema}}.runs SET status = $6, steps = $7, events = $8,
+		stop_reason = $9, last_event = $10, last_id = $11, crc = $13
+	WHERE run_id = $1 AND last_id = $12 AND status = 'running' AND steps = $14 AND events = $15
+		AND stop_reason = $16 AND first_event = $17 AND last_event = $18 AND crc = $19
+	RETURNING $15::bigint AS base)` + insertEvents),
+		row: sub(`SELECT ` + rowColumns("") + ` FROM {{schema}}.runs WHERE run_id = $1`),
+		// The events in order, then the index row (its seq null, so
+		// last), if any.
+		load: sub(`SELECT ` + rowColumns("") + `, NULL::bigint AS seq, NULL::bytea, NULL::text, NULL::bytea, NULL::bigint
+FROM {{schema}}.runs WHERE run_id = $1
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, seq, id, kind, value, crc
+FROM {{schema}}.events WHERE run_id = $1
+ORDER BY seq`),
+		// The index rows, and the run ids of events without one (found by
+		// a skip scan of the events' primary key: one index probe per
+		// run, not a read of every event), every column but run_id null.
+		runs: sub(`SELECT * FROM (
+	SELECT ` + rowColumns("") + ` FROM {{schema}}.runs
+	UNION ALL
+	SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+		WITH RECURSIVE ids(run_id) AS (
+			(SELECT run_id FROM {{schema}}.events ORDER BY run_id LIMIT 1)
+			UNION ALL
+			SELECT (SELECT e.run_id FROM {{schema}}.events e WHERE e.run_id > ids.run_id ORDER BY e.run_id LIMIT 1)
+			FROM ids WHERE ids.run_id IS NOT NULL)
+		SELECT run_id FROM ids WHERE run_id IS NOT NULL) o
+	WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.runs r WHERE r.run_id = o.run_id)
+) u ORDER BY run_id COLLATE "C"`),
+		// A run's index row (nulls without one) and its stream's last
+		// event (nulls without any), in one snapshot: what DeleteRun
+		// without force decides on.
+		deletable: sub(`SELECT ` + rowColumns("r.") + `, e.seq, e.id, e.value
 FROM (SELECT $1::text AS run_id) k
 LEFT JOIN {{schema}}.runs r ON r.run_id = k.run_id
-LEFT JOIN {{schema}}.events e ON e.run_id = k.run_id
-ORDER BY e.seq`),
-		runs: sub(`SELECT run_id, status, steps, events, stop_reason, first_event, last_event, last_id
-FROM {{schema}}.runs ORDER BY run_id COLLATE "C"`),
-		// A run's index row when finished (or forced), then its events when
-		// the row went (or forced: events without a row are damage).
-		delete: sub(`WITH r AS (DELETE FROM {{schema}}.runs WHERE run_id = $1 AND (status = 'finished' OR $2) RETURNING 1),
+LEFT JOIN LATERAL (SELECT seq, id, value FROM {{schema}}.events WHERE run_id = k.run_id ORDER BY seq DESC LIMIT 1) e ON true`),
+		// A run's index row when forced ($2), or when it is still the
+		// finished row DeleteRun checked (last key $3, checksum $4); then
+		// its events when the row went (or forced: events without a row
+		// are damage).
+		delete: sub(`WITH r AS (DELETE FROM {{schema}}.runs WHERE run_id = $1 AND ($2 OR (status = 'finished' AND last_id = $3 AND crc = $4)) RETURNING 1),
 e AS (DELETE FROM {{schema}}.events WHERE run_id = $1 AND (EXISTS (SELECT 1 FROM r) OR $2) RETURNING 1)
 SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM e)`),
-		runsTable: sub(`{{schema}}.runs`),
 	}
 }
 
@@ -265,9 +289,13 @@ func (s *Store) Parameters() map[string]string {
 }
 
 // Append implements seams.RunStore in one statement, so one transaction,
-// durable on commit: the batch's events and the run's index row. The
-// append rules are seams.CheckAppend's, and the database enforces the
-// tail: the index row moves on only from the tail the caller names.
+// durable on commit: the batch's events and the run's index row with its
+// checksum. The append rules are seams.CheckAppend's, and the database
+// enforces the tail: the index row moves on only from the row, and so the
+// tail, the caller continues. That row is read and its checksum verified
+// first (a damaged one refuses the append with ErrCorrupt), unless this
+// process holds the run's lock and wrote the row itself: a driver's
+// append is then one statement.
 func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
 	if s.readOnly {
 		return nil, ErrReadOnly
@@ -278,17 +306,41 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if err := checkRunID(runID); err != nil {
 		return nil, err
 	}
+	w, l, done := s.sessionFor(runID)
+	defer done()
 	// The batch must be valid continuing the stream the caller saw; the
 	// database then checks that the stream is what the caller saw.
 	if err := seams.CheckAppend(runID, after, false, after, evs); err != nil {
-		return nil, s.refusal(ctx, runID, after, evs, err)
+		return nil, s.refusal(ctx, w, runID, after, evs, err)
+	}
+	if after == maxULID {
+		return nil, s.refusal(ctx, w, runID, after, evs, nil) // no key follows it; it is not a real tail
+	}
+	// prev is the row this append continues: none for a start.
+	var prev *indexRow
+	switch {
+	case after == (ulid.ULID{}):
+	case l != nil && l.row != nil && l.row.info.LastID == after:
+		prev = l.row
+	default:
+		row, found, err := s.readRow(ctx, w, runID)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: append to %q: %w", runID, err)
+		}
+		if !found || row.info.LastID != after || row.info.Status != seams.StatusRunning {
+			return nil, refuse(runID, row, found, after, evs, nil)
+		}
+		prev = &row
+	}
+	if l != nil {
+		l.row = nil // unknown until the statement's answer is
 	}
 	n := len(evs)
 	ids, kinds, vals, crcs := make([][]byte, n), make([]string, n), make([][]byte, n), make([]int64, n)
 	envs := make([]events.Envelope, n)
-	info := seams.RunInfo{Status: seams.StatusRunning}
-	if after == maxULID {
-		return nil, s.refusal(ctx, runID, after, evs, nil) // no key follows it; it is not a real tail
+	info := seams.RunInfo{RunID: runID}
+	if prev != nil {
+		info = prev.info
 	}
 	now, tail := s.clock(), after
 	for i, ev := range evs {
@@ -306,21 +358,23 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.Observe(envs[i])
 	}
-	q, args := s.q.cont, []any{runID, ids, kinds, vals, crcs,
-		string(info.Status), info.Steps, info.Events, string(info.StopReason), info.LastEvent, info.LastID[:], after[:]}
-	if after == (ulid.ULID{}) {
-		q, args[11] = s.q.start, info.FirstEvent
+	next := newRow(info)
+	q, args := s.q.start, []any{runID, ids, kinds, vals, crcs,
+		string(info.Status), info.Steps, info.Events, string(info.StopReason), info.LastEvent, info.LastID[:], info.FirstEvent, int64(next.crc)}
+	if prev != nil {
+		p := prev.info
+		q, args[11] = s.q.cont, after[:]
+		args = append(args, p.Steps, p.Events, string(p.StopReason), p.FirstEvent, p.LastEvent, int64(prev.crc))
 	}
-	tag, err := retry(ctx, func() (pgconn.CommandTag, error) {
-		w, done := s.sessionFor(runID)
-		defer done()
-		return w.Exec(ctx, q, args...)
-	})
+	tag, err := retry(ctx, func() (pgconn.CommandTag, error) { return w.Exec(ctx, q, args...) })
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written unless the commit's answer was lost; Load tells): %w", n, runID, err)
 	}
 	if tag.RowsAffected() != int64(n) {
-		return nil, s.refusal(ctx, runID, after, evs, nil)
+		return nil, s.refusal(ctx, w, runID, after, evs, nil)
+	}
+	if l != nil {
+		l.row = &next
 	}
 	return envs, nil
 }
@@ -343,29 +397,29 @@ func checkRunID(runID string) error {
 
 // refusal explains an append refused against the stream the caller saw
 // (rule, nil when the database found the stream moved): it reads the
-// stream's real state and applies seams.CheckAppend to it, so every store
-// refuses with the same error.
-func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs []events.Event, rule error) error {
-	var last []byte
-	var status string
-	_, err := retry(ctx, func() (struct{}, error) {
-		q, done := s.sessionFor(runID)
-		defer done()
-		return struct{}{}, q.QueryRow(ctx, s.q.state, runID).Scan(&last, &status)
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		last, err = make([]byte, 16), nil
-	}
-	if err != nil {
-		if rule != nil {
-			return rule
-		}
+// stream's real state through q and applies seams.CheckAppend to it
+// (refuse), so every store refuses with the same error.
+func (s *Store) refusal(ctx context.Context, q session, runID string, after ulid.ULID, evs []events.Event, rule error) error {
+	row, found, err := s.readRow(ctx, q, runID)
+	switch {
+	case errors.Is(err, ErrCorrupt):
+		return fmt.Errorf("pgstore: append to %q: %w", runID, err)
+	case err != nil && rule != nil:
+		return rule
+	case err != nil:
 		return fmt.Errorf("pgstore: append to %q was refused and its stream's state could not be read: %w", runID, err)
 	}
-	if len(last) != 16 {
-		return fmt.Errorf("%w: run %q: last_id is %d bytes, not a ULID", ErrCorrupt, runID, len(last))
+	return refuse(runID, row, found, after, evs, rule)
+}
+
+// refuse is the error of an append refused against the stream the caller
+// saw, given the run's index row (found false: none).
+func refuse(runID string, row indexRow, found bool, after ulid.ULID, evs []events.Event, rule error) error {
+	var tail ulid.ULID
+	if found {
+		tail = row.info.LastID
 	}
-	if err := seams.CheckAppend(runID, ulid.ULID(last), status == string(seams.StatusFinished), after, evs); err != nil {
+	if err := seams.CheckAppend(runID, tail, found && row.info.Status == seams.StatusFinished, after, evs); err != nil {
 		return err
 	}
 	if rule != nil {
@@ -380,7 +434,10 @@ func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs 
 // snapshot). Every value's checksum is verified, the stored checksum and
 // kind columns must agree with the value, sequence numbers must run 1, 2, 3
 // without a gap, keys must increase, and the stream must have the length
-// and last key its index row names.
+// and last key its index row names. The index row must sum to its
+// checksum and, when every event decoded, agree with the stream in every
+// other column too (status, steps, stop reason, first and last event
+// time): a row the stream contradicts is damage even when it sums.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
 	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil) })
 }
@@ -407,7 +464,7 @@ func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope)
 
 // load is Load, or with each set Scan.
 func (s *Store) load(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
-	q, done := s.sessionFor(runID)
+	q, _, done := s.sessionFor(runID)
 	defer done()
 	rows, err := q.Query(ctx, s.q.load, runID)
 	if err != nil {
@@ -416,8 +473,7 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 	defer rows.Close()
 	r := events.StreamReader{RunID: runID, Each: each}
 	var (
-		count   *int64
-		anchor  []byte
+		sc      rowScan
 		seq     *int64
 		id      []byte
 		kind    *string
@@ -425,49 +481,74 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 		crc     *int64
 		n       int64
 		last    ulid.ULID
-		indexed bool
+		summary seams.RunInfo // the stream's, as the store folds each event it writes
+		clean   = true        // no problem found in the stream
+		dest    = append(sc.dest(), &seq, &id, &kind, &value, &crc)
 	)
+	problem := func(err error) {
+		r.Problem(err)
+		clean = false
+	}
 	for rows.Next() && !r.Stopped() {
-		if err := rows.Scan(&count, &anchor, &seq, &id, &kind, &value, &crc); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 		}
-		indexed = count != nil
 		if seq == nil {
-			break // no events
+			break // the index row, after every event
 		}
 		n++
 		if *seq != n {
-			r.Problem(fmt.Errorf("event %d is stored as number %d: events are missing or were added", n, *seq))
+			problem(fmt.Errorf("event %d is stored as number %d: events are missing or were added", n, *seq))
 			n = *seq
 		}
 		if len(id) != 16 {
-			r.Problem(fmt.Errorf("event %d: key %x is not a ULID", *seq, id))
+			problem(fmt.Errorf("event %d: key %x is not a ULID", *seq, id))
 			continue
 		}
 		key := ulid.ULID(id)
 		if key.Compare(last) <= 0 {
-			r.Problem(fmt.Errorf("event %d: key %s does not follow %s", *seq, key, last))
+			problem(fmt.Errorf("event %d: key %s does not follow %s", *seq, key, last))
 		}
 		last = key
 		if sum, ok := events.SealedChecksum(value); ok && (crc == nil || uint32(*crc) != sum || *crc < 0 || *crc > 1<<32-1) {
-			r.Problem(fmt.Errorf("event %d (%s): its crc column disagrees with the value's checksum", *seq, key))
+			problem(fmt.Errorf("event %d (%s): its crc column disagrees with the value's checksum", *seq, key))
 		}
-		if env, ok := r.Value(key, value); ok && (kind == nil || *kind != string(env.Kind)) {
-			r.Problem(fmt.Errorf("event %d (%s): its kind column says %v, the value is %s", *seq, key, deref(kind), env.Kind))
+		env, ok := r.Value(key, value)
+		switch {
+		case !ok:
+			clean = false
+		case kind == nil || *kind != string(env.Kind):
+			problem(fmt.Errorf("event %d (%s): its kind column says %v, the value is %s", *seq, key, deref(kind), env.Kind))
+		}
+		if ok {
+			summary.Observe(env)
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 	}
+	row, indexed, rowErr := sc.row()
 	switch {
+	case r.Stopped():
 	case !indexed && n > 0:
 		r.Problem(fmt.Errorf("run %q has %d events but no index row", runID, n))
 	case indexed:
-		if n != *count {
-			r.Problem(fmt.Errorf("the stream holds %d events, its index row counts %d: events are missing or were added", n, *count))
+		if rowErr != nil {
+			r.Problem(rowErr)
 		}
-		if len(anchor) != 16 || ulid.ULID(anchor) != last {
-			r.Problem(fmt.Errorf("the stream's last event is %s, its index row names %x: the tail is missing or was added", last, anchor))
+		if row.info.RunID == "" {
+			break // no values to compare
+		}
+		if int64(row.info.Events) != n {
+			r.Problem(fmt.Errorf("the stream holds %d events, its index row counts %d: events are missing or were added", n, row.info.Events))
+		}
+		if row.info.LastID != last {
+			r.Problem(fmt.Errorf("the stream's last event is %s, its index row names %s: the tail is missing or was added", last, row.info.LastID))
+		}
+		if clean && int64(row.info.Events) == n && row.info.LastID == last {
+			for _, d := range disagreements(row.info, summary) {
+				r.Problem(d)
+			}
 		}
 	}
 	out, err := r.Stream()
@@ -487,11 +568,12 @@ func deref(p *string) any {
 	return *p
 }
 
-// Runs implements seams.RunReader: the index rows, ordered by run id
-// (bytewise, as kv orders them). A row whose values break the index's
-// rules is listed with StatusDamaged. (Unlike kv, a stream whose index row
-// is gone is not listed — finding one would scan every event; Load of such
-// a run reports it.)
+// Runs implements seams.RunReader in one statement (one snapshot): the
+// index rows, ordered by run id (bytewise, as kv orders them), and the
+// runs whose events have no index row. A row that breaks the index's
+// rules or fails its checksum, and a stream without a row, are listed
+// with StatusDamaged (only the run id known), as kv lists them: loading
+// the run reports the damage.
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
 }
@@ -502,24 +584,20 @@ func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 		return nil, fmt.Errorf("pgstore: list runs: %w", err)
 	}
 	defer rows.Close()
-	var out []seams.RunInfo
+	var (
+		out  []seams.RunInfo
+		sc   rowScan
+		dest = sc.dest()
+	)
 	for rows.Next() {
-		var (
-			info         seams.RunInfo
-			status, stop string
-			last         []byte
-			count        int64
-		)
-		if err := rows.Scan(&info.RunID, &status, &info.Steps, &count, &stop, &info.FirstEvent, &info.LastEvent, &last); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("pgstore: list runs: %w", err)
 		}
-		info.Status, info.StopReason, info.Events = seams.RunStatus(status), events.StopReason(stop), int(count)
-		if len(last) == 16 {
-			info.LastID = ulid.ULID(last)
-		} else {
-			info = seams.RunInfo{RunID: info.RunID, Status: seams.StatusDamaged}
+		row, _, err := sc.row()
+		if err != nil || sc.status == nil {
+			row.info = seams.RunInfo{RunID: *sc.runID, Status: seams.StatusDamaged}
 		}
-		out = append(out, info)
+		out = append(out, row.info)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: list runs: %w", err)

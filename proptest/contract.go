@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -174,6 +175,35 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 			}
 		})
 	}
+
+	// A listing is the streams' summary: a store's index entry for a run
+	// is what folding its stream says (projections.Summarize), so a
+	// reader may decide from either and a store may check one against
+	// the other.
+	t.Run("TheIndexSummarisesEachStream", func(t *testing.T) {
+		s := open(t)
+		lister, ok := s.(seams.RunReader)
+		if !ok {
+			t.Skip("the store does not implement seams.RunReader")
+		}
+		whole, part := SoundStream("whole"), SoundStream("part")
+		mustAppend(t, s, "whole", whole[:4]...)
+		mustAppend(t, s, "whole", whole[4:]...)
+		mustAppend(t, s, "part", part[:6]...)
+		mustAppend(t, s, "part", part[6])
+		runs, err := lister.Runs(ctx)
+		if err != nil || len(runs) != 2 {
+			t.Fatalf("Runs: %+v (%v), want two runs", runs, err)
+		}
+		for _, got := range runs {
+			want := projections.Summarize(mustLoad(t, s, got.RunID))
+			if got.RunID != want.RunID || got.Status != want.Status || got.Steps != want.Steps || got.Events != want.Events ||
+				got.StopReason != want.StopReason || got.LastID != want.LastID ||
+				!got.FirstEvent.Equal(want.FirstEvent) || !got.LastEvent.Equal(want.LastEvent) {
+				t.Errorf("run %q: listed %+v, its stream sums up to %+v", got.RunID, got, want)
+			}
+		}
+	})
 
 	t.Run("TheEnvelopesAppendReturnsAreTheCallers", func(t *testing.T) {
 		s := open(t)

@@ -43,7 +43,18 @@ type Run struct {
 }
 
 // Classify is the run whose index entry is info, from its loaded stream.
+// Every figure of the run is the stream's: its entry is the stream's
+// summary (projections.Summarize) under info's run id, so a run an agent
+// wrote to after its index entry was read is described as the loaded
+// stream shows it, never as the index's counts beside the stream's usage
+// and verdict. (A damaged run's figures are those of the events that
+// decoded; info stands only when none did.)
 func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
+	if len(stream) > 0 {
+		id := info.RunID
+		info = projections.Summarize(stream)
+		info.RunID = id
+	}
 	v, err := recovery.ClassifyLoaded(info.RunID, stream, loadErr)
 	return Classified(info, v, err, projections.Fold(stream).Usage())
 }

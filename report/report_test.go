@@ -2,6 +2,7 @@ package report_test
 
 import (
 	"context"
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -104,6 +105,69 @@ func TestListClassifiesNewestFirst(t *testing.T) {
 	}
 }
 
+// writingStore is a store an agent writes to between a listing's index
+// read and its stream loads: each Runs returns the index as it was, then
+// appends the next of the batches still to write.
+type writingStore struct {
+	*seamstest.MemStore
+	t       *testing.T
+	run     string
+	batches [][]events.Event
+}
+
+func (s *writingStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
+	infos, err := s.MemStore.Runs(ctx)
+	if len(s.batches) > 0 {
+		stream, lerr := s.MemStore.Load(ctx, s.run)
+		if lerr != nil {
+			s.t.Fatal(lerr)
+		}
+		if _, aerr := s.MemStore.Append(ctx, s.run, stream[len(stream)-1].ID, s.batches[0]...); aerr != nil {
+			s.t.Fatal(aerr)
+		}
+		s.batches = s.batches[1:]
+	}
+	return infos, err
+}
+
+// TestAListingLineIsOneMomentOfItsRun: a run an agent writes to between
+// the index read and the stream load is listed as one moment of it:
+// every figure of its line (events, steps, stop reason, last event,
+// status, usage, answer) is what the stream's first Events events say.
+func TestAListingLineIsOneMomentOfItsRun(t *testing.T) {
+	ctx := context.Background()
+	stream := proptest.SoundStream("live")
+	for i := range stream { // replies that report usage, so tokens count
+		if r, ok := stream[i].(events.ModelCallResult); ok && r.Reply != nil {
+			reply := *r.Reply
+			reply.Usage = &events.Usage{InputTokens: ptr(int64(100 * (i + 1))), OutputTokens: ptr(int64(i + 1))}
+			r.Reply = &reply
+			stream[i] = r
+		}
+	}
+	store := &writingStore{MemStore: &seamstest.MemStore{}, t: t, run: "live",
+		batches: [][]events.Event{stream[5:8], stream[8:]}}
+	proptest.AppendEach(t, store, "live", stream[:5])
+	for round := range 3 {
+		runs, err := report.List(ctx, store)
+		if err != nil || len(runs) != 1 {
+			t.Fatalf("round %d: %d runs, %v", round, len(runs), err)
+		}
+		got := runs[0].JSON()
+		loaded, err := store.Load(ctx, "live")
+		if err != nil || got.Events < 1 || got.Events > len(loaded) {
+			t.Fatalf("round %d: the line counts %d events of %d (%v)", round, got.Events, len(loaded), err)
+		}
+		moment := loaded[:got.Events]
+		want := report.Classify(projections.Summarize(moment), moment, nil).JSON()
+		if !reflect.DeepEqual(got, want) {
+			g, _ := json.Marshal(got)
+			w, _ := json.Marshal(want)
+			t.Errorf("round %d: the line mixes moments:\n got %s\nwant %s (its first %d events)", round, g, w, got.Events)
+		}
+	}
+}
+
 func envelopes(evs []events.Event) []events.Envelope {
 	out := make([]events.Envelope, len(evs))
 	for i, ev := range evs {
@@ -178,3 +242,5 @@ func TestPlural(t *testing.T) {
 		}
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -27,13 +27,18 @@ type Store interface {
 type Result struct {
 	Deleted []string // run ids deleted
 	Busy    []string // finished runs a driver held (a Resume returning the result): left for the next pass
+	// Damaged are runs the store lists damaged, or would not delete as
+	// finished although it listed them so (the run's stream contradicts
+	// its index entry — or, rarely, the run was deleted and started again
+	// in between): left alone, for `polyloop-inspect verify` to explain.
+	Damaged []string
 }
 
 // Expire deletes every finished run whose last event is before cutoff.
 // Unfinished runs are never touched (a crashed run may still be resumed;
-// delete one on purpose with DeleteRun and force). A run held by a driver
-// is skipped and listed in Busy. It stops at the first other error,
-// returning what it deleted so far.
+// delete one on purpose with DeleteRun and force), nor damaged ones (listed
+// in Damaged). A run held by a driver is skipped and listed in Busy. It
+// stops at the first other error, returning what it deleted so far.
 func Expire(ctx context.Context, s Store, cutoff time.Time) (Result, error) {
 	var res Result
 	runs, err := s.Runs(ctx)
@@ -41,6 +46,9 @@ func Expire(ctx context.Context, s Store, cutoff time.Time) (Result, error) {
 		return res, fmt.Errorf("retention: list runs: %w", err)
 	}
 	for _, r := range runs {
+		if r.Status == seams.StatusDamaged {
+			res.Damaged = append(res.Damaged, r.RunID)
+		}
 		if r.Status != seams.StatusFinished || !r.LastEvent.Before(cutoff) {
 			continue
 		}
@@ -49,6 +57,8 @@ func Expire(ctx context.Context, s Store, cutoff time.Time) (Result, error) {
 			res.Deleted = append(res.Deleted, r.RunID)
 		case errors.Is(err, seams.ErrRunLocked):
 			res.Busy = append(res.Busy, r.RunID)
+		case errors.Is(err, seams.ErrRunNotFinished):
+			res.Damaged = append(res.Damaged, r.RunID)
 		case errors.Is(err, seams.ErrNoRun):
 			// deleted meanwhile by someone else
 		default:

@@ -135,3 +135,50 @@ func TestAgentsKeepRunningDuringDeletion(t *testing.T) {
 		}
 	}
 }
+
+// damagingStore lists some runs damaged and refuses to delete others as
+// unfinished although it lists them finished: what a store does with a
+// run whose index entry is damaged or contradicted by its stream.
+type damagingStore struct {
+	*seamstest.MemStore
+	damaged, contradicted string
+}
+
+func (s *damagingStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
+	runs, err := s.MemStore.Runs(ctx)
+	for i, r := range runs {
+		if r.RunID == s.damaged {
+			runs[i] = seams.RunInfo{RunID: r.RunID, Status: seams.StatusDamaged}
+		}
+	}
+	return runs, err
+}
+
+func (s *damagingStore) DeleteRun(ctx context.Context, runID string, force bool) error {
+	if runID == s.contradicted && !force {
+		return fmt.Errorf("delete %q: %w (its stream says so)", runID, seams.ErrRunNotFinished)
+	}
+	return s.MemStore.DeleteRun(ctx, runID, force)
+}
+
+// TestExpireLeavesDamagedRunsAloneAndNamesThem: a run the store lists
+// damaged, and one it refuses to delete as unfinished although it listed
+// it finished, are neither deleted nor an error that stops the pass: they
+// are named in Damaged, and the other old finished runs go.
+func TestExpireLeavesDamagedRunsAloneAndNamesThem(t *testing.T) {
+	ctx := context.Background()
+	store := &damagingStore{MemStore: &seamstest.MemStore{}, damaged: "b", contradicted: "c"}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		def, req := agent(store, id, 1)
+		if _, err := engine.Run(ctx, def, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := retention.Expire(ctx, store, time.Now().Add(time.Hour))
+	if err != nil || fmt.Sprint(res.Deleted) != "[a d]" || fmt.Sprint(res.Damaged) != "[b c]" {
+		t.Fatalf("deleted %v, damaged %v (%v); want [a d] deleted, [b c] damaged", res.Deleted, res.Damaged, err)
+	}
+	if left, _ := store.MemStore.Runs(ctx); len(left) != 2 {
+		t.Fatalf("%d runs left, want b and c", len(left))
+	}
+}

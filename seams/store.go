@@ -176,7 +176,8 @@ func (l *RunLocks) LockRun(runID string) (func(), error) {
 // pgstore.Store implement it, read-only opened stores included.
 type RunReader interface {
 	// Runs lists every run the store's index holds, ordered by run id. An
-	// entry the store finds damaged is listed with StatusDamaged.
+	// entry the store finds damaged, and a stream whose entry is lost, are
+	// listed with StatusDamaged.
 	Runs(ctx context.Context) ([]RunInfo, error)
 	Load(ctx context.Context, runID string) ([]events.Envelope, error)
 }

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
@@ -135,5 +138,37 @@ func TestHelpIsNotBadUsage(t *testing.T) {
 	}
 	if code, out := admin("gc", "--finished-after", "1h", "x.db"); code != exitUsage || !strings.Contains(out, "finished-after") {
 		t.Errorf("an unknown flag: %d\n%s", code, out)
+	}
+}
+
+// TestAdminLeavesDamagedPostgresRunsAlone: a crashed run whose runs row
+// was marked finished behind the store's back is neither deleted without
+// --force nor by gc, which names it and exits 1; the finished runs go.
+func TestAdminLeavesDamagedPostgresRunsAlone(t *testing.T) {
+	url := pgtest.StoreURL(t)
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, s, 2)
+	conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `UPDATE `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` SET status = 'finished' WHERE run_id = 'u'`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if code, out := admin("delete", url, "u"); code != exitProblem || !strings.Contains(out, "not finished") || !strings.Contains(out, "checksum") {
+		t.Fatalf("delete of the damaged run: %d\n%s", code, out)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if code, out := admin("gc", "--finished-before", "5ms", url); code != exitProblem || !strings.Contains(out, "deleted 2 finished runs") ||
+		!strings.Contains(out, `run "u" is damaged and was left alone`) {
+		t.Fatalf("gc: %d\n%s", code, out)
+	}
+	if ids := runIDs(t, url); ids != "u" {
+		t.Fatalf("left: %s", ids)
 	}
 }

@@ -30,8 +30,9 @@ Usage:
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
 
 STORE is a bbolt file or a postgres:// URL. A run being driven is never
-deleted. Exit status: 0 done, 1 a problem (a run refused, the store
-missing or unreadable), 2 bad usage.
+deleted; gc leaves damaged runs alone and names them. Exit status: 0 done,
+1 a problem (a run refused or damaged, the store missing or unreadable),
+2 bad usage.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -111,8 +112,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stdout, "; %d held by a driver, left for the next pass", len(res.Busy))
 			}
 			fmt.Fprintln(stdout)
+			for _, id := range res.Damaged {
+				fmt.Fprintf(stderr, "polyloop-admin: run %q is damaged and was left alone (polyloop-inspect verify says how)\n", id)
+			}
 			if err != nil {
 				fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
+				return exitProblem
+			}
+			if len(res.Damaged) > 0 {
 				return exitProblem
 			}
 			return exitOK

@@ -12,10 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
@@ -178,5 +181,47 @@ func TestFollowAndServeWhileAnAgentWrites(t *testing.T) {
 	cancel()
 	if code := <-served; code != exitOK {
 		t.Fatalf("serve exited %d", code)
+	}
+}
+
+// TestPostgresDamageIsFoundStoreWide: a runs row marked finished behind
+// the store's back, and events whose runs row is gone, are found by the
+// store-wide verify and listed corrupt by runs (both exit 1), as they are
+// for verify of the one run.
+func TestPostgresDamageIsFoundStoreWide(t *testing.T) {
+	cases := []struct{ name, sql, want string }{
+		{"a crashed run marked finished", `UPDATE {{runs}} SET status = 'finished' WHERE run_id = 'd'`, "fails its checksum"},
+		{"a runs row deleted", `DELETE FROM {{runs}} WHERE run_id = 'd'`, "8 events but no index row"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			url, store := pgURL(t)
+			proptest.AppendEach(t, store, "a", proptest.SoundStream("a"))
+			proptest.AppendEach(t, store, "d", proptest.SoundStream("d")[:8])
+			conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			if _, err := conn.Exec(context.Background(), strings.ReplaceAll(c.sql, "{{runs}}", pgx.Identifier{store.Schema(), "runs"}.Sanitize())); err != nil {
+				t.Fatal(err)
+			}
+			inspect := func(args ...string) (int, string) {
+				var out, errOut strings.Builder
+				code := run(args, &out, &errOut)
+				return code, out.String() + errOut.String()
+			}
+			for _, args := range [][]string{{"verify", url, "d"}, {"verify", url}} {
+				if code, out := inspect(args...); code != exitProblem || !strings.Contains(out, "d: corrupt") || !strings.Contains(out, c.want) {
+					t.Errorf("%v: exit %d\n%s", args, code, out)
+				}
+			}
+			if code, out := inspect("runs", url); code != exitProblem || !regexp.MustCompile(`(?m)^d +corrupt `).MatchString(out) || !regexp.MustCompile(`(?m)^a +finished `).MatchString(out) {
+				t.Errorf("runs: exit %d\n%s", code, out)
+			}
+			if code, out := inspect("runs", "--json", url); code != exitProblem || !strings.Contains(out, `{"run_id":"d","status":"corrupt"`) {
+				t.Errorf("runs --json: exit %d\n%s", code, out)
+			}
+		})
 	}
 }
