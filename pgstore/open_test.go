@@ -341,3 +341,25 @@ func TestATailNoKeyCanFollowIsRefused(t *testing.T) {
 		t.Fatalf("append after the largest key: %v", err)
 	}
 }
+
+// TestConnectionStringsThatDoNotParseAreNotEchoed: Open's error for a
+// connection string pgx cannot parse says why, without the string (pgx's
+// own masking of a malformed one leaves part of a password).
+func TestConnectionStringsThatDoNotParseAreNotEchoed(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"host=h port=x password=Pa55-w0rd":  "invalid port",
+		"host=h port=1 password='Pa55 w0rd": "unterminated quoted string",
+		"postgres://u:Pa55-w0rd@h:x/db":     "invalid port",
+	} {
+		_, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", dsn, err, want)
+			continue
+		}
+		for _, part := range []string{"Pa55", "w0rd", "host=h"} {
+			if strings.Contains(err.Error(), part) {
+				t.Errorf("%s: the error shows %q: %v", dsn, part, err)
+			}
+		}
+	}
+}

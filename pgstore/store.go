@@ -108,7 +108,7 @@ type queries struct {
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", scrub(err))
+		return nil, parseError(err)
 	}
 	if sch, ok := cfg.ConnConfig.RuntimeParams[SchemaParam]; ok {
 		delete(cfg.ConnConfig.RuntimeParams, SchemaParam) // ours, not the server's
@@ -195,6 +195,23 @@ func (s *Store) connectError(err error, timeout time.Duration) error {
 		return fmt.Errorf("pgstore: %s: no answer from the server within the %v connect timeout: %w", s.target, timeout, scrub(err))
 	}
 	return fmt.Errorf("pgstore: cannot connect to %s: %w", s.target, scrub(err))
+}
+
+// parseError says why a connection string does not parse without quoting
+// it: pgx's error quotes the string with its passwords masked, but only as
+// far as it can tell them apart, which in a malformed string is not always.
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("pgstore: the connection string does not parse: %w", scrub(err))
+	}
+	// pgx's message is "cannot parse `<the string, masked>`: <why>".
+	quoted := pgconn.NewParseConfigError(pe.ConnString, "", nil).Error()
+	why, ok := strings.CutPrefix(pe.Error(), quoted)
+	if !ok {
+		why = "(pgx's reason withheld: it quotes the string)"
+	}
+	return fmt.Errorf("pgstore: the connection string does not parse: %s", why)
 }
 
 // scrub drops a password pgx may quote from a connection string.

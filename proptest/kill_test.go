@@ -151,7 +151,7 @@ func TestRealCrashSIGKILLPostgres(t *testing.T) {
 // child processes at once.
 func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	ctx := context.Background()
-	if stores.IsURL(storePath) { // create the schema before the children race to
+	if stores.IsPostgres(storePath) { // create the schema before the children race to
 		s, err := stores.Open(ctx, storePath, stores.Options{})
 		if err != nil {
 			t.Fatal(err)
