@@ -77,7 +77,12 @@
 // pgxpool parameters such as pool_max_conns too). The first connection is
 // made at Open and bounded by the connect timeout (DefaultConnectTimeout);
 // an unreachable server, wrong credentials and a missing database are
-// errors naming host, port, database and user (never the password).
+// errors naming host, port, database and user (never the password). A
+// connection string that does not parse is an error saying why, without
+// quoting it.
+// Run ids follow seams.ValidRunID: one PostgreSQL text cannot hold (a NUL
+// byte, invalid UTF-8) is refused before any statement, with
+// seams.ErrInvalidRunID, as every store refuses it.
 //
 // What does not live here: the append rules (seams.CheckAppend), the
 // decoding (events), the bbolt store (kv), and the choice between stores

@@ -204,20 +204,24 @@ func TestKeysIncreaseWhenTheClockStepsBack(t *testing.T) {
 }
 
 // TestRunIDsPostgresCannotKeepAreRefused: a clear error from Append and
-// LockRun, nothing written.
+// LockRun (and DeleteRun, which locks), wrapping seams.ErrInvalidRunID,
+// nothing written.
 func TestRunIDsPostgresCannotKeepAreRefused(t *testing.T) {
 	s := open(t, pgstore.Options{})
 	for id, want := range map[string]string{
-		strings.Repeat("x", pgstore.MaxRunIDBytes+1): "1025 bytes, longer than the 1024-byte limit",
+		strings.Repeat("x", seams.MaxRunIDBytes+1): "1025 bytes, longer than the 1024-byte limit",
 		"a\x00b": "NUL byte",
 		"\xff":   "not valid UTF-8",
 	} {
 		_, err := s.Append(context.Background(), id, ulid.ULID{}, events.RunStarted{RunID: id, SchemaVersion: events.CurrentSchemaVersion})
-		if err == nil || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(err.Error(), want) {
 			t.Errorf("append: %v, want %q", err, want)
 		}
-		if _, err := s.LockRun(id); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := s.LockRun(id); !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(err.Error(), want) {
 			t.Errorf("lock: %v, want %q", err, want)
+		}
+		if err := s.DeleteRun(context.Background(), id, true); !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(err.Error(), want) {
+			t.Errorf("delete: %v, want %q", err, want)
 		}
 	}
 	if runs, err := s.Runs(context.Background()); err != nil || len(runs) != 0 {

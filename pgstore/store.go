@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,11 +37,6 @@ const maxIdentifier = 63
 // DefaultMaxConns is the pool size unless Options.MaxConns or the DSN's
 // pool_max_conns says otherwise.
 const DefaultMaxConns = 32
-
-// MaxRunIDBytes bounds a run id: PostgreSQL's btree refuses index entries
-// much over 2,700 bytes, and a run id is a key. A run id must also be valid
-// UTF-8 without NUL bytes (PostgreSQL text); kv takes any bytes.
-const MaxRunIDBytes = 1024
 
 // Errors. Test with errors.Is.
 var (
@@ -292,8 +286,8 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := checkRunID(runID); err != nil {
-		return nil, err
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("pgstore: append: %w", err)
 	}
 	// The batch must be valid continuing the stream the caller saw; the
 	// database then checks that the stream is what the caller saw.
@@ -345,19 +339,6 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 // maxULID is the largest key; no key can follow it.
 var maxULID = ulid.ULID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// checkRunID refuses a run id PostgreSQL cannot store as a text key.
-func checkRunID(runID string) error {
-	switch {
-	case len(runID) > MaxRunIDBytes:
-		return fmt.Errorf("pgstore: run id is %d bytes, longer than the %d-byte limit", len(runID), MaxRunIDBytes)
-	case !utf8.ValidString(runID):
-		return fmt.Errorf("pgstore: run id %q is not valid UTF-8 (PostgreSQL text)", runID)
-	case strings.IndexByte(runID, 0) >= 0:
-		return fmt.Errorf("pgstore: run id %q holds a NUL byte, which PostgreSQL text cannot", runID)
-	}
-	return nil
-}
-
 // refusal explains an append refused against the stream the caller saw
 // (rule, nil when the database found the stream moved): it reads the
 // stream's real state and applies seams.CheckAppend to it, so every store
@@ -399,6 +380,9 @@ func (s *Store) refusal(ctx context.Context, runID string, after ulid.ULID, evs 
 // without a gap, keys must increase, and the stream must have the length
 // and last key its index row names.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("pgstore: load: %w", err)
+	}
 	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil) })
 }
 
@@ -409,6 +393,9 @@ var _ seams.RunScanner = (*Store)(nil)
 // statement the server never received is retried as Load's are, but only
 // while fn has been given nothing: a scan is never repeated under it.
 func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
+	if err := seams.ValidRunID(runID); err != nil {
+		return fmt.Errorf("pgstore: load: %w", err)
+	}
 	delivered := false
 	each := func(env events.Envelope) error {
 		delivered = true
