@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"strings"
@@ -365,5 +366,76 @@ func TestConnectionStringsThatDoNotParseAreNotEchoed(t *testing.T) {
 				t.Errorf("%s: the error shows %q: %v", dsn, part, err)
 			}
 		}
+	}
+}
+
+// tcpProxy forwards connections to 127.0.0.1:port to the server dsn names
+// (the throwaway server listens on a Unix socket only), so a client can
+// reach it over TCP, where pgx first asks for TLS.
+func tcpProxy(t *testing.T, dsn string) (port string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("the server's DSN is not a URL: %v", err)
+	}
+	network, addr := "tcp", u.Host
+	if h := u.Query().Get("host"); strings.HasPrefix(h, "/") {
+		p := u.Port()
+		if p == "" {
+			p = "5432"
+		}
+		network, addr = "unix", h+"/.s.PGSQL."+p
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial(network, addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	_, port, _ = net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// TestConnectionErrorsLeadWithTheCause: connecting over TCP (pgx asks for
+// TLS first, and the server refuses) to a database that does not exist
+// fails with one line that says so first — the server's own error, not
+// the refused TLS attempt, and no line breaks of pgx's list of attempts.
+func TestConnectionErrorsLeadWithTheCause(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("the server's DSN is not a URL: %v", err)
+	}
+	port := tcpProxy(t, dsn)
+	password, _ := u.User.Password()
+	target := (&url.URL{Scheme: "postgres", User: url.UserPassword(u.User.Username(), password), Host: "127.0.0.1:" + port, Path: "/nodb"}).String()
+	_, err = pgstore.Open(context.Background(), target, pgstore.Options{ConnectTimeout: 5 * time.Second})
+	if err == nil {
+		t.Fatal("opened a database that does not exist")
+	}
+	msg := err.Error()
+	cause := strings.Index(msg, `database "nodb" does not exist`)
+	if cause < 0 || strings.ContainsAny(msg, "\n\t") || !strings.Contains(msg, "the database does not exist") {
+		t.Fatalf("error %q: want one line naming the missing database", msg)
+	}
+	if tls := strings.Index(msg, "tls"); tls >= 0 && tls < cause {
+		t.Fatalf("error %q leads with the refused TLS attempt, not the cause", msg)
+	}
+	if password != "" && strings.Contains(msg, password) {
+		t.Fatalf("error %q shows the password", msg)
 	}
 }

@@ -174,21 +174,79 @@ func describe(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("host=%s port=%d database=%s user=%s", c.Host, c.Port, c.Database, c.User)
 }
 
-// connectError explains a failed first connection.
+// connectError explains a failed first connection on one line, leading
+// with its cause.
 func (s *Store) connectError(err error, timeout time.Duration) error {
+	why := cause(err)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
 		case "28P01", "28000":
-			return fmt.Errorf("pgstore: %s: authentication failed (wrong user or password): %w", s.target, scrub(err))
+			return &oneLine{fmt.Sprintf("pgstore: %s: authentication failed (wrong user or password): %s", s.target, why), err}
 		case "3D000":
-			return fmt.Errorf("pgstore: %s: the database does not exist: %w", s.target, scrub(err))
+			return &oneLine{fmt.Sprintf("pgstore: %s: the database does not exist: %s", s.target, why), err}
 		}
 	}
 	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
-		return fmt.Errorf("pgstore: %s: no answer from the server within the %v connect timeout: %w", s.target, timeout, scrub(err))
+		return &oneLine{fmt.Sprintf("pgstore: %s: no answer from the server within the %v connect timeout: %s", s.target, timeout, why), err}
 	}
-	return fmt.Errorf("pgstore: cannot connect to %s: %w", s.target, scrub(err))
+	return &oneLine{fmt.Sprintf("pgstore: cannot connect to %s: %s", s.target, why), err}
+}
+
+// oneLine is an error whose message is rewritten on one line; the error
+// it explains stays reachable for errors.Is and errors.As.
+type oneLine struct {
+	msg string
+	err error
+}
+
+func (e *oneLine) Error() string { return e.msg }
+func (e *oneLine) Unwrap() error { return e.err }
+
+// cause is the most specific reason a connection failed, on one line.
+// pgx's *pgconn.ConnectError lists every attempt it made (each address of
+// each host, with TLS and then without), one per line, in the order made:
+// a server that refuses TLS puts "tls error: server refused TLS connection"
+// first even when the attempt without TLS was answered with the real
+// reason. The server's own error (a *pgconn.PgError: a missing database,
+// wrong credentials) is that reason when there is one; otherwise each
+// attempt's reason is given once, joined by "; ".
+func cause(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return scrubText(pe.Error())
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Unwrap() != nil {
+		err = ce.Unwrap() // without pgx's "failed to connect to `user=… database=…`:", which the caller says better
+	}
+	var reasons []string
+	var collect func(error)
+	collect = func(err error) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				collect(e)
+			}
+			return
+		}
+		reasons = append(reasons, strings.Split(err.Error(), "\n")...)
+	}
+	collect(err)
+	var out []string
+	for i, r := range reasons {
+		r = strings.TrimSpace(r)
+		// A reason repeated, or said within another, is said once.
+		said := r == ""
+		for j, o := range reasons {
+			if j != i && strings.Contains(o, r) && (len(o) > len(r) || j < i) {
+				said = true
+			}
+		}
+		if !said {
+			out = append(out, r)
+		}
+	}
+	return scrubText(strings.Join(out, "; "))
 }
 
 // parseError says why a connection string does not parse without quoting
@@ -210,15 +268,22 @@ func parseError(err error) error {
 
 // scrub drops a password pgx may quote from a connection string.
 func scrub(err error) error {
-	msg := err.Error()
+	if msg := scrubText(err.Error()); msg != err.Error() {
+		return &oneLine{msg, err}
+	}
+	return err
+}
+
+// scrubText is scrub for a message.
+func scrubText(msg string) string {
 	if i := strings.Index(msg, "password="); i >= 0 {
 		j := strings.IndexAny(msg[i:], " `'\"")
 		if j < 0 {
 			j = len(msg) - i
 		}
-		return fmt.Errorf("%s%s%s", msg[:i], "password=xxxxx", msg[i+j:])
+		return msg[:i] + "password=xxxxx" + msg[i+j:]
 	}
-	return err
+	return msg
 }
 
 func newQueries(schema string) queries {
