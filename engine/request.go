@@ -16,6 +16,9 @@ import (
 // Request is one run's goal and limits. Constructing and validating it does
 // no I/O.
 type Request struct {
+	// RunID names the run; it follows the stores' rule (seams.ValidRunID:
+	// non-empty, at most seams.MaxRunIDBytes of UTF-8, no control
+	// characters), so a run no store could keep never starts.
 	RunID    string
 	Budget   Budget
 	Executor seams.ActionExecutor
@@ -105,20 +108,14 @@ func (r Request) cancelGrace() time.Duration {
 	return r.CancelGrace
 }
 
-// MaxRunIDBytes bounds Request.RunID: an id is a key in every store (and
-// PostgreSQL's index refuses much longer ones), and errors quote it.
-const MaxRunIDBytes = 1024
-
 // Validate reports every problem of the request, each naming its field. It
 // does no I/O.
 func (r Request) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	switch {
-	case r.RunID == "":
-		bad("RunID is empty")
-	case len(r.RunID) > MaxRunIDBytes:
-		bad("RunID is %d bytes (it begins %q); at most %d", len(r.RunID), r.RunID[:32], MaxRunIDBytes)
+	// The stores' rule, so a run no store could keep never starts.
+	if err := seams.ValidRunID(r.RunID); err != nil {
+		errs = append(errs, fmt.Errorf("RunID: %w", err))
 	}
 	for _, b := range []struct {
 		name string

@@ -247,9 +247,12 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 		edit  func(*engine.Request)
 		field string
 	}{
-		{"empty run id", func(r *engine.Request) { r.RunID = "" }, "RunID"},
+		{"empty run id", func(r *engine.Request) { r.RunID = "" }, "RunID: seams: invalid run id: it is empty"},
 		{"a 40 KB run id, not echoed whole", func(r *engine.Request) { r.RunID = strings.Repeat("x", 40<<10) },
-			`RunID is 40960 bytes (it begins "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); at most 1024`},
+			`RunID: seams: invalid run id: it is 40960 bytes, longer than the 1024-byte limit (it begins "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx`},
+		{"a run id with a NUL byte", func(r *engine.Request) { r.RunID = "a\x00b" }, `RunID: seams: invalid run id "a\x00b": it holds a NUL byte`},
+		{"a run id that is not UTF-8", func(r *engine.Request) { r.RunID = "\xff" }, `RunID: seams: invalid run id "\xff": it is not valid UTF-8`},
+		{"a run id with an escape sequence", func(r *engine.Request) { r.RunID = "\x1b[2J" }, "RunID: seams: invalid run id \"\\x1b[2J\": it holds the control character U+001B"},
 		{"zero steps", func(r *engine.Request) { r.Budget.MaxSteps = 0 }, "Budget.MaxSteps"},
 		{"negative actions", func(r *engine.Request) { r.Budget.MaxActions = -1 }, "Budget.MaxActions"},
 		{"zero parse failures", func(r *engine.Request) { r.Budget.MaxConsecutiveParseFailures = 0 }, "Budget.MaxConsecutiveParseFailures"},
@@ -280,6 +283,9 @@ func TestInvalidRequestsAreRejectedBeforeAnyWrite(t *testing.T) {
 			_, err := engine.Run(context.Background(), a.def, a.req)
 			if !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), c.field) || len(err.Error()) > 2000 {
 				t.Fatalf("got %.3000v, want ErrInvalidRequest naming %s", err, c.field)
+			}
+			if strings.HasPrefix(c.field, "RunID") && !errors.Is(err, seams.ErrInvalidRunID) {
+				t.Fatalf("got %v, want it to match seams.ErrInvalidRunID too, as the stores' refusals do", err)
 			}
 			runID := a.req.RunID
 			if runID == "" {

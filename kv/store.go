@@ -549,6 +549,9 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("kv: append: %w", err)
+	}
 	req := &appendRequest{runID: runID, after: after, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
 	// The run's latest reply as of the tail named, when this process knows
 	// it: a StepCompleted repeating it refers to it (events' refs). The
@@ -956,6 +959,9 @@ func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope)
 func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("kv: load: %w", err)
 	}
 	if err := s.checkOpen(); err != nil {
 		return nil, err

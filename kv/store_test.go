@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -330,8 +329,9 @@ func TestClosedStoreRefusesWork(t *testing.T) {
 }
 
 // TestOversizedRunIDIsRefusedAndOthersInTheGroupLand: a run id longer than
-// bbolt's key limit fails with a reason and writes nothing, while an append
-// of another run committed beside it lands.
+// the rule allows (seams.MaxRunIDBytes, far below bbolt's key limit) fails
+// with seams.ErrInvalidRunID and a reason and writes nothing, while an
+// append of another run made at the same time lands.
 func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
 	s := openTemp(t, kv.Options{})
 	ctx := context.Background()
@@ -345,7 +345,7 @@ func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
 		_, errOK = s.Append(ctx, "fine", ulid.ULID{}, proptest.SoundStream("fine")[0])
 	}()
 	wg.Wait()
-	if errLong == nil || !strings.Contains(errLong.Error(), "key limit") {
+	if !errors.Is(errLong, seams.ErrInvalidRunID) || !strings.Contains(errLong.Error(), "longer than the 1024-byte limit") {
 		t.Fatalf("long run id: %v", errLong)
 	}
 	if errOK != nil {
@@ -358,10 +358,10 @@ func TestOversizedRunIDIsRefusedAndOthersInTheGroupLand(t *testing.T) {
 	if len(runs) != 1 {
 		t.Fatalf("%d runs listed", len(runs))
 	}
-	// bbolt's limit itself is a valid run id.
-	limit := strings.Repeat("y", bolt.MaxKeySize)
+	// The limit itself is a valid run id.
+	limit := strings.Repeat("y", seams.MaxRunIDBytes)
 	if _, err := s.Append(ctx, limit, ulid.ULID{}, proptest.SoundStream(limit)[0]); err != nil {
-		t.Fatalf("a run id of exactly %d bytes: %v", bolt.MaxKeySize, err)
+		t.Fatalf("a run id of exactly %d bytes: %v", seams.MaxRunIDBytes, err)
 	}
 }
 

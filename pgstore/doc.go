@@ -94,7 +94,13 @@
 // pgxpool parameters such as pool_max_conns too). The first connection is
 // made at Open and bounded by the connect timeout (DefaultConnectTimeout);
 // an unreachable server, wrong credentials and a missing database are
-// errors naming host, port, database and user (never the password).
+// errors naming host, port, database and user (never the password), on one
+// line that leads with the cause: the server's own error when it answered,
+// not pgx's list of every attempt (with TLS, then without). A connection
+// string that does not parse is an error saying why, without quoting it.
+// Run ids follow seams.ValidRunID: one PostgreSQL text cannot hold (a NUL
+// byte, invalid UTF-8) is refused before any statement, with
+// seams.ErrInvalidRunID, as every store refuses it.
 //
 // What does not live here: the append rules (seams.CheckAppend), the
 // decoding (events), the bbolt store (kv), and the choice between stores

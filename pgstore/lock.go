@@ -46,8 +46,8 @@ func (s *Store) LockRun(runID string) (func(), error) {
 	if s.readOnly {
 		return nil, ErrReadOnly
 	}
-	if err := checkRunID(runID); err != nil {
-		return nil, err
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("pgstore: lock: %w", err)
 	}
 	s.lockMu.Lock()
 	if _, held := s.locks[runID]; held {

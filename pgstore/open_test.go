@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"strings"
@@ -204,20 +205,24 @@ func TestKeysIncreaseWhenTheClockStepsBack(t *testing.T) {
 }
 
 // TestRunIDsPostgresCannotKeepAreRefused: a clear error from Append and
-// LockRun, nothing written.
+// LockRun (and DeleteRun, which locks), wrapping seams.ErrInvalidRunID,
+// nothing written.
 func TestRunIDsPostgresCannotKeepAreRefused(t *testing.T) {
 	s := open(t, pgstore.Options{})
 	for id, want := range map[string]string{
-		strings.Repeat("x", pgstore.MaxRunIDBytes+1): "1025 bytes, longer than the 1024-byte limit",
+		strings.Repeat("x", seams.MaxRunIDBytes+1): "1025 bytes, longer than the 1024-byte limit",
 		"a\x00b": "NUL byte",
 		"\xff":   "not valid UTF-8",
 	} {
 		_, err := s.Append(context.Background(), id, ulid.ULID{}, events.RunStarted{RunID: id, SchemaVersion: events.CurrentSchemaVersion})
-		if err == nil || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(err.Error(), want) {
 			t.Errorf("append: %v, want %q", err, want)
 		}
-		if _, err := s.LockRun(id); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := s.LockRun(id); !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(err.Error(), want) {
 			t.Errorf("lock: %v, want %q", err, want)
+		}
+		if err := s.DeleteRun(context.Background(), id, true); !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(err.Error(), want) {
+			t.Errorf("delete: %v, want %q", err, want)
 		}
 	}
 	if runs, err := s.Runs(context.Background()); err != nil || len(runs) != 0 {
@@ -339,5 +344,98 @@ func TestATailNoKeyCanFollowIsRefused(t *testing.T) {
 	_, err := s.Append(context.Background(), "r", max, events.Intent{RunID: "r", IntentKind: events.IntentModelCall, ResultID: "m", ReplayPolicy: events.ReplaySafe})
 	if !errors.Is(err, seams.ErrTailMoved) {
 		t.Fatalf("append after the largest key: %v", err)
+	}
+}
+
+// TestConnectionStringsThatDoNotParseAreNotEchoed: Open's error for a
+// connection string pgx cannot parse says why, without the string (pgx's
+// own masking of a malformed one leaves part of a password).
+func TestConnectionStringsThatDoNotParseAreNotEchoed(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"host=h port=x password=Pa55-w0rd":  "invalid port",
+		"host=h port=1 password='Pa55 w0rd": "unterminated quoted string",
+		"postgres://u:Pa55-w0rd@h:x/db":     "invalid port",
+	} {
+		_, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", dsn, err, want)
+			continue
+		}
+		for _, part := range []string{"Pa55", "w0rd", "host=h"} {
+			if strings.Contains(err.Error(), part) {
+				t.Errorf("%s: the error shows %q: %v", dsn, part, err)
+			}
+		}
+	}
+}
+
+// tcpProxy forwards connections to 127.0.0.1:port to the server dsn names
+// (the throwaway server listens on a Unix socket only), so a client can
+// reach it over TCP, where pgx first asks for TLS.
+func tcpProxy(t *testing.T, dsn string) (port string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("the server's DSN is not a URL: %v", err)
+	}
+	network, addr := "tcp", u.Host
+	if h := u.Query().Get("host"); strings.HasPrefix(h, "/") {
+		p := u.Port()
+		if p == "" {
+			p = "5432"
+		}
+		network, addr = "unix", h+"/.s.PGSQL."+p
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial(network, addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	_, port, _ = net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// TestConnectionErrorsLeadWithTheCause: connecting over TCP (pgx asks for
+// TLS first, and the server refuses) to a database that does not exist
+// fails with one line that says so first — the server's own error, not
+// the refused TLS attempt, and no line breaks of pgx's list of attempts.
+func TestConnectionErrorsLeadWithTheCause(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("the server's DSN is not a URL: %v", err)
+	}
+	port := tcpProxy(t, dsn)
+	password, _ := u.User.Password()
+	target := (&url.URL{Scheme: "postgres", User: url.UserPassword(u.User.Username(), password), Host: "127.0.0.1:" + port, Path: "/nodb"}).String()
+	_, err = pgstore.Open(context.Background(), target, pgstore.Options{ConnectTimeout: 5 * time.Second})
+	if err == nil {
+		t.Fatal("opened a database that does not exist")
+	}
+	msg := err.Error()
+	cause := strings.Index(msg, `database "nodb" does not exist`)
+	if cause < 0 || strings.ContainsAny(msg, "\n\t") || !strings.Contains(msg, "the database does not exist") {
+		t.Fatalf("error %q: want one line naming the missing database", msg)
+	}
+	if tls := strings.Index(msg, "tls"); tls >= 0 && tls < cause {
+		t.Fatalf("error %q leads with the refused TLS attempt, not the cause", msg)
+	}
+	if password != "" && strings.Contains(msg, password) {
+		t.Fatalf("error %q shows the password", msg)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,11 +37,6 @@ const maxIdentifier = 63
 // DefaultMaxConns is the pool size unless Options.MaxConns or the DSN's
 // pool_max_conns says otherwise.
 const DefaultMaxConns = 32
-
-// MaxRunIDBytes bounds a run id: PostgreSQL's btree refuses index entries
-// much over 2,700 bytes, and a run id is a key. A run id must also be valid
-// UTF-8 without NUL bytes (PostgreSQL text); kv takes any bytes.
-const MaxRunIDBytes = 1024
 
 // Errors. Test with errors.Is.
 var (
@@ -107,7 +101,7 @@ type queries struct {
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", scrub(err))
+		return nil, parseError(err)
 	}
 	if sch, ok := cfg.ConnConfig.RuntimeParams[SchemaParam]; ok {
 		delete(cfg.ConnConfig.RuntimeParams, SchemaParam) // ours, not the server's
@@ -179,34 +173,116 @@ func describe(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("host=%s port=%d database=%s user=%s", c.Host, c.Port, c.Database, c.User)
 }
 
-// connectError explains a failed first connection.
+// connectError explains a failed first connection on one line, leading
+// with its cause.
 func (s *Store) connectError(err error, timeout time.Duration) error {
+	why := cause(err)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
 		case "28P01", "28000":
-			return fmt.Errorf("pgstore: %s: authentication failed (wrong user or password): %w", s.target, scrub(err))
+			return &oneLine{fmt.Sprintf("pgstore: %s: authentication failed (wrong user or password): %s", s.target, why), err}
 		case "3D000":
-			return fmt.Errorf("pgstore: %s: the database does not exist: %w", s.target, scrub(err))
+			return &oneLine{fmt.Sprintf("pgstore: %s: the database does not exist: %s", s.target, why), err}
 		}
 	}
 	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
-		return fmt.Errorf("pgstore: %s: no answer from the server within the %v connect timeout: %w", s.target, timeout, scrub(err))
+		return &oneLine{fmt.Sprintf("pgstore: %s: no answer from the server within the %v connect timeout: %s", s.target, timeout, why), err}
 	}
-	return fmt.Errorf("pgstore: cannot connect to %s: %w", s.target, scrub(err))
+	return &oneLine{fmt.Sprintf("pgstore: cannot connect to %s: %s", s.target, why), err}
+}
+
+// oneLine is an error whose message is rewritten on one line; the error
+// it explains stays reachable for errors.Is and errors.As.
+type oneLine struct {
+	msg string
+	err error
+}
+
+func (e *oneLine) Error() string { return e.msg }
+func (e *oneLine) Unwrap() error { return e.err }
+
+// cause is the most specific reason a connection failed, on one line.
+// pgx's *pgconn.ConnectError lists every attempt it made (each address of
+// each host, with TLS and then without), one per line, in the order made:
+// a server that refuses TLS puts "tls error: server refused TLS connection"
+// first even when the attempt without TLS was answered with the real
+// reason. The server's own error (a *pgconn.PgError: a missing database,
+// wrong credentials) is that reason when there is one; otherwise each
+// attempt's reason is given once, joined by "; ".
+func cause(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return scrubText(pe.Error())
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Unwrap() != nil {
+		err = ce.Unwrap() // without pgx's "failed to connect to `user=… database=…`:", which the caller says better
+	}
+	var reasons []string
+	var collect func(error)
+	collect = func(err error) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				collect(e)
+			}
+			return
+		}
+		reasons = append(reasons, strings.Split(err.Error(), "\n")...)
+	}
+	collect(err)
+	var out []string
+	for i, r := range reasons {
+		r = strings.TrimSpace(r)
+		// A reason repeated, or said within another, is said once.
+		said := r == ""
+		for j, o := range reasons {
+			if j != i && strings.Contains(o, r) && (len(o) > len(r) || j < i) {
+				said = true
+			}
+		}
+		if !said {
+			out = append(out, r)
+		}
+	}
+	return scrubText(strings.Join(out, "; "))
+}
+
+// parseError says why a connection string does not parse without quoting
+// it: pgx's error quotes the string with its passwords masked, but only as
+// far as it can tell them apart, which in a malformed string is not always.
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("pgstore: the connection string does not parse: %w", scrub(err))
+	}
+	// pgx's message is "cannot parse `<the string, masked>`: <why>".
+	quoted := pgconn.NewParseConfigError(pe.ConnString, "", nil).Error()
+	why, ok := strings.CutPrefix(pe.Error(), quoted)
+	if !ok {
+		why = "(pgx's reason withheld: it quotes the string)"
+	}
+	return fmt.Errorf("pgstore: the connection string does not parse: %s", why)
 }
 
 // scrub drops a password pgx may quote from a connection string.
 func scrub(err error) error {
-	msg := err.Error()
+	if msg := scrubText(err.Error()); msg != err.Error() {
+		return &oneLine{msg, err}
+	}
+	return err
+}
+
+// scrubText is scrub for a message.
+func scrubText(msg string) string {
 	if i := strings.Index(msg, "password="); i >= 0 {
 		j := strings.IndexAny(msg[i:], " `'\"")
 		if j < 0 {
 			j = len(msg) - i
 		}
-		return fmt.Errorf("%s%s%s", msg[:i], "password=xxxxx", msg[i+j:])
+		return msg[:i] + "password=xxxxx" + msg[i+j:]
 	}
-	return err
+	return msg
 }
 
 func newQueries(schema string) queries {
@@ -303,8 +379,8 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := checkRunID(runID); err != nil {
-		return nil, err
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("pgstore: append: %w", err)
 	}
 	w, l, done := s.sessionFor(runID)
 	defer done()
@@ -382,19 +458,6 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 // maxULID is the largest key; no key can follow it.
 var maxULID = ulid.ULID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// checkRunID refuses a run id PostgreSQL cannot store as a text key.
-func checkRunID(runID string) error {
-	switch {
-	case len(runID) > MaxRunIDBytes:
-		return fmt.Errorf("pgstore: run id is %d bytes, longer than the %d-byte limit", len(runID), MaxRunIDBytes)
-	case !utf8.ValidString(runID):
-		return fmt.Errorf("pgstore: run id %q is not valid UTF-8 (PostgreSQL text)", runID)
-	case strings.IndexByte(runID, 0) >= 0:
-		return fmt.Errorf("pgstore: run id %q holds a NUL byte, which PostgreSQL text cannot", runID)
-	}
-	return nil
-}
-
 // refusal explains an append refused against the stream the caller saw
 // (rule, nil when the database found the stream moved): it reads the
 // stream's real state through q and applies seams.CheckAppend to it
@@ -439,6 +502,9 @@ func refuse(runID string, row indexRow, found bool, after ulid.ULID, evs []event
 // other column too (status, steps, stop reason, first and last event
 // time): a row the stream contradicts is damage even when it sums.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, fmt.Errorf("pgstore: load: %w", err)
+	}
 	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil) })
 }
 
@@ -449,6 +515,9 @@ var _ seams.RunScanner = (*Store)(nil)
 // statement the server never received is retried as Load's are, but only
 // while fn has been given nothing: a scan is never repeated under it.
 func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
+	if err := seams.ValidRunID(runID); err != nil {
+		return fmt.Errorf("pgstore: load: %w", err)
+	}
 	delivered := false
 	each := func(env events.Envelope) error {
 		delivered = true

@@ -302,6 +302,51 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 	})
 
+	// One rule for run ids (seams.ValidRunID), the same in every store:
+	// what one store keeps, every store keeps, and an id one could not
+	// keep (PostgreSQL text holds no NUL) is refused by all of them as an
+	// invalid request, never with a database's error.
+	t.Run("EveryStoreKeepsTheSameRunIDs", func(t *testing.T) {
+		s := open(t)
+		for _, id := range []string{"ünïcödé 🙂", "a/b?c#d%&run=x", `quote"and\backslash`, "zero\u200bwidth",
+			strings.Repeat("x", seams.MaxRunIDBytes), strings.Repeat("é", seams.MaxRunIDBytes/2)} {
+			stream := SoundStream(id)
+			mustAppend(t, s, id, stream...)
+			if got := mustLoad(t, s, id); len(got) != len(stream) {
+				t.Errorf("run %.40q: %d events loaded, %d appended", id, len(got), len(stream))
+			}
+		}
+		var kept int
+		if r, ok := s.(seams.RunReader); ok {
+			runs, err := r.Runs(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kept = len(runs)
+		}
+		for _, id := range []string{"", "a\x00b", "\xff", "ok\xc3", "a\nb", "\x1b[31mred", "del\x7f", "c1\u0085",
+			strings.Repeat("x", seams.MaxRunIDBytes+1)} {
+			start := events.RunStarted{RunID: id, SchemaVersion: events.CurrentSchemaVersion}
+			if _, err := s.Append(ctx, id, ulid.ULID{}, start); !errors.Is(err, seams.ErrInvalidRunID) {
+				t.Errorf("Append to run %.40q: got %v, want ErrInvalidRunID", id, err)
+			}
+			if got, err := s.Load(ctx, id); !errors.Is(err, seams.ErrInvalidRunID) || len(got) != 0 {
+				t.Errorf("Load of run %.40q: %d events, %v; want ErrInvalidRunID", id, len(got), err)
+			}
+			if sc, ok := s.(seams.RunScanner); ok {
+				err := sc.Scan(ctx, id, func(events.Envelope) error { t.Error("fn called"); return nil })
+				if !errors.Is(err, seams.ErrInvalidRunID) {
+					t.Errorf("Scan of run %.40q: got %v, want ErrInvalidRunID", id, err)
+				}
+			}
+		}
+		if r, ok := s.(seams.RunReader); ok {
+			if runs, err := r.Runs(ctx); err != nil || len(runs) != kept {
+				t.Errorf("after the refused appends the store lists %d runs (%v), want %d", len(runs), err, kept)
+			}
+		}
+	})
+
 	t.Run("AnAppendNamingAnotherTailWritesNothing", func(t *testing.T) {
 		s := open(t)
 		stream := SoundStream("t")

@@ -153,7 +153,7 @@ func TestRealCrashSIGKILLPostgres(t *testing.T) {
 // child processes at once.
 func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	ctx := context.Background()
-	if stores.IsURL(storePath) { // create the schema before the children race to
+	if stores.IsPostgres(storePath) { // create the schema before the children race to
 		s, err := stores.Open(ctx, storePath, stores.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -171,7 +171,7 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	child := func(runID, execLog, mode string) (*exec.Cmd, *strings.Builder, *strings.Builder) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		childStore := storePath
-		if stores.IsURL(storePath) && mode == "run" { // its sessions, to wait for once it is killed
+		if stores.IsPostgres(storePath) && mode == "run" { // its sessions, to wait for once it is killed
 			childStore += "&application_name=" + sessionName(runID)
 		}
 		cmd.Env = append(os.Environ(), childStoreEnv+"="+childStore, childRunEnv+"="+runID, childExecEnv+"="+execLog,
@@ -207,7 +207,7 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
 			t.Fatalf("child failed on its own: %v\n%s", err, stderr.String())
 		}
-		if stores.IsURL(storePath) {
+		if stores.IsPostgres(storePath) {
 			// The dead child's server session outlives it until the server
 			// notices, and a COMMIT it had sent may still commit: what it
 			// left is judged only once its sessions are gone. early is the
@@ -274,7 +274,7 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		checkExecLog(t, execLog)
 	}
 	t.Logf("%d children killed mid-run and resumed; %d stopped honestly with resume_state_unknown", kills, unknown)
-	if stores.IsURL(storePath) {
+	if stores.IsPostgres(storePath) {
 		t.Logf("%d killed children still had a session on the server when they were reaped; in %d the stream grew after that (a write of the dead child committed late)",
 			lingering, committedLate)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
 
@@ -25,14 +27,17 @@ import (
 // evs starts with RunStarted and the stream is not empty (atomically: of two
 // concurrent starts exactly one wins), with ErrRunNotStarted when the stream
 // is empty and evs does not start with RunStarted, with ErrRunFinished when
-// the stream already holds RunFinished, and with an error naming the
-// problem for an event that fails Validate or names another run. A failed
-// Append writes nothing. The returned slice belongs to the caller; the
+// the stream already holds RunFinished, with ErrInvalidRunID for a run id
+// ValidRunID refuses, and with an error naming the problem for an event
+// that fails Validate or names another run. A failed Append writes
+// nothing. The returned slice belongs to the caller; the
 // store keeps no reference to it. The keys an Append mints are after every key the
 // stream already holds, whatever the clock says.
 //
 // Load returns runID's whole stream in order; a run never written is an
-// empty stream and no error. A store failure is always an error, never an
+// empty stream and no error. A run id ValidRunID refuses is an error
+// wrapping ErrInvalidRunID (no store keeps such a run, and every store
+// says so alike, never with a database's error). A store failure is always an error, never an
 // empty stream. A stream that is damaged (values that do not decode or fail
 // their checksum, events missing) is an error wrapping *events.DamageError,
 // returned together with the events that did decode, so recovery can list
@@ -73,6 +78,10 @@ var (
 	ErrRunLocked = errors.New("seams: run is held by another driver")
 	// ErrNoRun: the store holds no run of that id.
 	ErrNoRun = errors.New("seams: no such run")
+	// ErrInvalidRunID: a run id ValidRunID refuses, which no store keeps.
+	// Every store's Append, Load and Scan refuse one with it, before
+	// touching the store, and the engine's request validation wraps it.
+	ErrInvalidRunID = errors.New("seams: invalid run id")
 	// ErrRunNotFinished: DeleteRun without force found no RunFinished.
 	ErrRunNotFinished = errors.New("seams: run is not finished (it may be resumed); delete it only with force")
 )
@@ -88,14 +97,54 @@ type RunDeleter interface {
 	DeleteRun(ctx context.Context, runID string, force bool) error
 }
 
+// MaxRunIDBytes bounds a run id: an id is a key in every store (PostgreSQL's
+// btree refuses index entries much over 2,700 bytes), and errors quote it.
+const MaxRunIDBytes = 1024
+
+// ValidRunID applies the one rule for run ids that every store and the
+// engine share: an id is non-empty, at most MaxRunIDBytes bytes of valid
+// UTF-8, without control characters (Unicode Cc: NUL and the rest of C0,
+// DEL, C1). PostgreSQL text holds no NUL and no invalid UTF-8, so no store
+// keeps them; a control character would let an id rewrite the terminal
+// that prints it or break line-oriented output. An error wraps
+// ErrInvalidRunID and says what is wrong, quoting at most the id's first 64
+// bytes.
+func ValidRunID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: it is empty", ErrInvalidRunID)
+	case len(id) > MaxRunIDBytes:
+		return fmt.Errorf("%w: it is %d bytes, longer than the %d-byte limit (it begins %q)", ErrInvalidRunID, len(id), MaxRunIDBytes, clipID(id))
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w %q: it is not valid UTF-8", ErrInvalidRunID, clipID(id))
+	}
+	for _, r := range id {
+		switch {
+		case r == 0:
+			return fmt.Errorf("%w %q: it holds a NUL byte (U+0000), a control character", ErrInvalidRunID, clipID(id))
+		case unicode.IsControl(r):
+			return fmt.Errorf("%w %q: it holds the control character %U", ErrInvalidRunID, clipID(id), r)
+		}
+	}
+	return nil
+}
+
+// clipID is at most the first 64 bytes of id, for an error.
+func clipID(id string) string {
+	if len(id) > 64 {
+		return id[:64] + "…"
+	}
+	return id
+}
+
 // CheckAppend applies the append rules of RunStore to a batch, given the
 // stream's last key (tail; zero for an empty stream), whether its last
 // event is RunFinished (finished), and the tail the caller named (after).
 // Stores call it before writing anything, so a refused batch leaves the
 // stream as it was.
 func CheckAppend(runID string, tail ulid.ULID, finished bool, after ulid.ULID, evs []events.Event) error {
-	if runID == "" {
-		return errors.New("append: empty run id")
+	if err := ValidRunID(runID); err != nil {
+		return fmt.Errorf("append: %w", err)
 	}
 	if len(evs) == 0 {
 		return errors.New("append: no events")

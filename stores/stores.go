@@ -1,17 +1,20 @@
 // Package stores opens the store a command-line argument names: a bbolt
-// file path (package kv) or a postgres:// URL (package pgstore). It is the
-// one place that choice is made, so polyloop-demo, polyloop-inspect,
-// polyloop-admin and the examples accept both without repeating it.
+// file path (package kv) or a PostgreSQL connection string (package
+// pgstore) in any form pgx accepts — a postgres:// or postgresql:// URL,
+// the scheme in any case, or libpq's keyword/value string. It is the one
+// place that choice is made, so polyloop-demo, polyloop-inspect,
+// polyloop-admin and the examples accept every form without repeating it,
+// and the one place a store's location is made fit to print: Describe
+// masks every password, and Open's errors hold none.
 //
 // What does not live here: the stores themselves and their rules.
 package stores
 
 import (
 	"context"
+	"fmt"
 	"io"
-	"net/url"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/polyloop/polyloop/kv"
@@ -39,41 +42,58 @@ type Options struct {
 	ConnectTimeout time.Duration
 }
 
-// IsURL reports whether target names a PostgreSQL database rather than a
-// file.
-func IsURL(target string) bool {
-	return strings.HasPrefix(target, "postgres://") || strings.HasPrefix(target, "postgresql://")
-}
+// IsPostgres reports whether target names a PostgreSQL database rather
+// than a file: a postgres:// or postgresql:// URL (the scheme in any case)
+// or a libpq keyword/value string (host=db dbname=agents …), the forms pgx
+// accepts. A keyword/value string is known by its start, a keyword and '=';
+// a file whose name starts so is named with a directory (./host=x.db).
+func IsPostgres(target string) bool { return formOf(target) != formFile }
 
-// Open opens target: a postgres:// (or postgresql://) URL with pgstore, in
-// the schema its polyloop_schema parameter names (pgstore.DefaultSchema
-// without one), anything else as a bbolt file with kv.
+// Open opens target: a PostgreSQL connection string (IsPostgres) with
+// pgstore, in the schema its polyloop_schema parameter names
+// (pgstore.DefaultSchema without one), anything else as a bbolt file with
+// kv. Its errors never hold a password: a connection string is named as
+// Describe names it, and one that pgx would misread or quote in part in its
+// error (a URL whose password holds an unencoded '@', '/' or '&', a
+// keyword/value string that stops making sense) is refused, saying why.
 func Open(ctx context.Context, target string, o Options) (Store, error) {
-	if IsURL(target) {
-		return pgstore.Open(ctx, target, pgstore.Options{ReadOnly: o.ReadOnly, ConnectTimeout: o.ConnectTimeout})
+	dsn, problem := target, ""
+	switch formOf(target) {
+	case formFile:
+		return kv.Open(target, kv.Options{ReadOnly: o.ReadOnly, LockTimeout: o.LockTimeout})
+	case formURL:
+		u := parseURL(target)
+		dsn, problem = u.String(), u.problem()
+	case formKeywordValue:
+		_, problem = maskKeywordValue(target)
 	}
-	return kv.Open(target, kv.Options{ReadOnly: o.ReadOnly, LockTimeout: o.LockTimeout})
+	// What pgx would misread it leaves unsaid, or quotes in its error.
+	if problem != "" {
+		return nil, fmt.Errorf("stores: %s does not parse: %s", Describe(target), problem)
+	}
+	s, err := pgstore.Open(ctx, dsn, pgstore.Options{ReadOnly: o.ReadOnly, ConnectTimeout: o.ConnectTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Describe(target), err)
+	}
+	return s, nil
 }
 
-// Describe names target for a message: a file's absolute path, a URL
-// without its password.
+// Describe names target for a message: a file's absolute path, a
+// connection string as written but with every password masked (a URL's
+// user password, password and sslpassword parameters), the scheme of a URL
+// in lower case. Where a string stops making sense the rest is withheld,
+// and a URL whose password holds unencoded delimiters is masked up to its
+// last '@', since part of it could be a password either way.
 func Describe(target string) string {
-	if !IsURL(target) {
-		if abs, err := filepath.Abs(target); err == nil {
-			return abs
-		}
-		return target
+	switch formOf(target) {
+	case formURL:
+		return parseURL(target).masked()
+	case formKeywordValue:
+		masked, _ := maskKeywordValue(target)
+		return masked
 	}
-	u, err := url.Parse(target)
-	if err != nil {
-		return "a postgres:// URL that does not parse"
+	if abs, err := filepath.Abs(target); err == nil {
+		return abs
 	}
-	q := u.Query()
-	for _, k := range []string{"password", "sslpassword"} {
-		if q.Has(k) {
-			q.Set(k, "xxxxx")
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.Redacted()
+	return target
 }

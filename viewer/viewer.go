@@ -24,7 +24,9 @@
 //	/api/follow?run=ID        new events as server-sent events, from the
 //	                          &after= event count on; ends after run_finished
 //
-// Run ids go in the query, not the path: an id may hold any character.
+// Run ids go in the query, not the path: an id may hold any character a
+// run id may (seams.ValidRunID). A request naming an id no store keeps is
+// answered 400 with what is wrong with it, on every store alike.
 //
 // Everything a run holds is untrusted model output and is escaped; pages
 // carry a Content-Security-Policy that allows no inline script. The
@@ -152,9 +154,8 @@ func (h *handler) runs(w http.ResponseWriter, r *http.Request) ([]report.Run, re
 // load loads the run the path names, answering a failure itself. A damaged
 // stream is returned with its error (the pages show the damage).
 func (h *handler) load(w http.ResponseWriter, r *http.Request) (string, []events.Envelope, error, bool) {
-	id := runID(r)
-	if id == "" {
-		http.Error(w, "which run? (?run=ID)", http.StatusBadRequest)
+	id, ok := runID(w, r)
+	if !ok {
 		return id, nil, nil, false
 	}
 	stream, err := h.store.Load(r.Context(), id)
@@ -170,12 +171,23 @@ func (h *handler) load(w http.ResponseWriter, r *http.Request) (string, []events
 	return id, stream, err, true
 }
 
-// runID is the run a request names (?run=, or ?id= on the run page).
-func runID(r *http.Request) string {
-	if id := r.URL.Query().Get("run"); id != "" {
-		return id
+// runID is the run a request names (?run=, or ?id= on the run page). It
+// answers a missing or invalid id itself (400, saying what is wrong with
+// it: the rule's text, never a store's).
+func runID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.URL.Query().Get("run")
+	if id == "" {
+		id = r.URL.Query().Get("id")
 	}
-	return r.URL.Query().Get("id")
+	if id == "" {
+		http.Error(w, "which run? (?run=ID)", http.StatusBadRequest)
+		return id, false
+	}
+	if err := seams.ValidRunID(id); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return id, false
+	}
+	return id, true
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -230,9 +242,8 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 // seen) as server-sent events, polling the store, until run_finished or
 // the client leaves.
 func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
-	id := runID(r)
-	if id == "" {
-		http.Error(w, "which run? (?run=ID)", http.StatusBadRequest)
+	id, ok := runID(w, r)
+	if !ok {
 		return
 	}
 	seen := 0

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,6 +20,9 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
@@ -273,5 +278,38 @@ func TestOddRunIDsAreFollowedToo(t *testing.T) {
 	}
 	if code, _, _ := get(t, srv.URL+"/api/follow?run=nope"); code != 404 {
 		t.Errorf("follow of an unknown run: %d", code)
+	}
+}
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// TestRunIDsNoStoreCanKeepAreBadRequests: on every store alike, each page
+// and endpoint that names a run answers an id no store can keep (a NUL
+// byte, bytes that are not UTF-8, a control character) with 400 and a
+// plain message saying what is wrong with the id — never a database's
+// error, and never a 500.
+func TestRunIDsNoStoreCanKeepAreBadRequests(t *testing.T) {
+	kvStore, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kvStore.Close()
+	pgStore, err := pgstore.Open(context.Background(), pgtest.StoreURL(t), pgstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pgStore.Close()
+	for name, store := range map[string]seams.RunReader{"memory": &seamstest.MemStore{}, "kv": kvStore, "postgres": pgStore} {
+		srv := httptest.NewServer(viewer.New(store, viewer.Options{}))
+		for _, id := range []string{"%00", "a%00b", "%FF", "%1B%5B31m", "a%0Ab"} {
+			for _, path := range []string{"api/verify?run=", "api/events?run=", "api/steps?run=", "api/follow?run=", "run?id="} {
+				code, _, body := get(t, srv.URL+"/"+path+id)
+				if code != http.StatusBadRequest || !strings.Contains(body, "invalid run id") ||
+					strings.Contains(body, "SQLSTATE") || strings.Contains(body, "UTF8") {
+					t.Errorf("%s: /%s%s: %d %q, want 400 saying the run id is invalid", name, path, id, code, body)
+				}
+			}
+		}
+		srv.Close()
 	}
 }

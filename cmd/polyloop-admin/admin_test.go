@@ -172,3 +172,35 @@ func TestAdminLeavesDamagedPostgresRunsAlone(t *testing.T) {
 		t.Fatalf("left: %s", ids)
 	}
 }
+
+// TestNoCommandShowsAPassword: delete, gc and compact, given a PostgreSQL
+// store in each form a connection string takes (a URL, a URL with its
+// scheme in capitals, a keyword/value string) with a password — of a
+// server that answers, or of one that cannot be reached — never print the
+// password, and never take the string for a file.
+func TestNoCommandShowsAPassword(t *testing.T) {
+	password, forms := pgtest.StoreForms(t)
+	const secret = "Pa55-w0rd"
+	targets := append(forms,
+		"postgres://agent:"+secret+"@127.0.0.1:1/db?sslmode=disable",
+		"POSTGRES://agent:"+secret+"@127.0.0.1:1/db?sslmode=disable",
+		"host=127.0.0.1 port=1 user=agent password='"+secret+"' sslmode=disable")
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, target := range targets {
+		for _, args := range [][]string{
+			{"delete", target, "missing"}, {"delete", "--force", target, "missing"},
+			{"gc", "--finished-before", "1h", target}, {"compact", target},
+		} {
+			code, all := admin(args...)
+			for _, p := range []string{password, secret} {
+				if strings.Contains(all, p) {
+					t.Errorf("%q: exit %d, the password shows:\n%s", args, code, all)
+				}
+			}
+		}
+	}
+	if made, _ := os.ReadDir(dir); len(made) > 0 {
+		t.Errorf("a connection string was taken for a file: %s was created", made[0].Name())
+	}
+}

@@ -29,10 +29,11 @@ Usage:
   polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
 
-STORE is a bbolt file or a postgres:// URL. A run being driven is never
-deleted; gc leaves damaged runs alone and names them. Exit status: 0 done,
-1 a problem (a run refused or damaged, the store missing or unreadable),
-2 bad usage.
+STORE is a bbolt file or a PostgreSQL connection string (a postgres:// URL
+or a key=value string; a password in it is never printed). A run being
+driven is never deleted; gc leaves damaged runs alone and names them. Exit
+status: 0 done, 1 a problem (a run refused or damaged, the store missing or
+unreadable), 2 bad usage.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -75,11 +76,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if stray != "" {
 		return bad("--%s is not a flag of %s", stray, args[0])
 	}
-	if len(pos) > 0 && !stores.IsURL(pos[0]) {
+	if len(pos) > 0 && !stores.IsPostgres(pos[0]) {
 		// Opening creates a missing file: a mistyped path would be
 		// "cleaned" as an empty store.
 		if _, err := os.Stat(pos[0]); err != nil {
-			fmt.Fprintf(stderr, "polyloop-admin: no store at %s: %v\n", pos[0], err)
+			fmt.Fprintf(stderr, "polyloop-admin: no store at %s: %v\n", stores.Describe(pos[0]), err)
 			return exitProblem
 		}
 	}
@@ -128,7 +129,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(pos) != 1 {
 		return bad("want one STORE")
 	}
-	if stores.IsURL(pos[0]) {
+	if stores.IsPostgres(pos[0]) {
 		fmt.Fprintln(stderr, "polyloop-admin compact: PostgreSQL reclaims deleted rows itself (autovacuum); VACUUM FULL the schema's tables to give the space back to the disk")
 		return exitProblem
 	}
@@ -155,7 +156,7 @@ func withStore(ctx context.Context, target string, stderr io.Writer, f func(rete
 	defer s.Close()
 	rs, ok := s.(retention.Store)
 	if !ok {
-		fmt.Fprintf(stderr, "polyloop-admin: %s cannot delete runs\n", target)
+		fmt.Fprintf(stderr, "polyloop-admin: %s cannot delete runs\n", stores.Describe(target))
 		return exitProblem
 	}
 	return f(rs)

@@ -6,7 +6,8 @@
 //	polyloop-admin gc --finished-before 720h STORE       delete finished runs whose last event is older
 //	polyloop-admin compact STORE                         rewrite a bbolt file without its free pages, in the current format
 //
-// STORE is a bbolt file or a postgres:// URL. Exit status: 0 done, 1 a
+// STORE is a bbolt file or a PostgreSQL connection string (a postgres://
+// URL or a key=value string). Exit status: 0 done, 1 a
 // problem (a run refused, the store unreadable), 2 bad usage.
 package main
 

@@ -25,7 +25,7 @@ import (
 )
 
 func main() {
-	storePath := flag.String("store", "polyloop-demo.db", "bbolt store file or postgres:// URL")
+	storePath := flag.String("store", "polyloop-demo.db", "bbolt store file or PostgreSQL connection string (postgres:// URL or key=value)")
 	runID := flag.String("run", "", "run id (default: demo-<time>)")
 	flag.Parse()
 	if *runID == "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -36,5 +37,37 @@ func TestDemoRunsOnPostgres(t *testing.T) {
 	}
 	if r, ok := projections.Fold(stream).Result(); !ok || r.StopReason != "task_completed" {
 		t.Fatalf("result %+v", r)
+	}
+}
+
+// TestDemoNeverShowsAPassword: the demo, given a PostgreSQL store in each
+// form a connection string takes (a URL, a URL with its scheme in
+// capitals, a keyword/value string) with a password, runs on it and names
+// it without the password; given one that cannot be reached, its error
+// holds no password either.
+func TestDemoNeverShowsAPassword(t *testing.T) {
+	password, forms := pgtest.StoreForms(t)
+	const secret = "Pa55-w0rd"
+	t.Chdir(t.TempDir())
+	for i, target := range forms {
+		var err error
+		out := captureStdout(t, func() { err = run(target, fmt.Sprint("demo-", i)) })
+		if err != nil {
+			t.Fatalf("form %d: %v", i, err)
+		}
+		if strings.Contains(out, password) || !strings.Contains(out, "store: ") || !strings.Contains(out, "xxxxx") {
+			t.Errorf("form %d: output:\n%s", i, out)
+		}
+	}
+	for _, target := range []string{
+		"postgres://agent:" + secret + "@127.0.0.1:1/db?sslmode=disable",
+		"POSTGRES://agent:" + secret + "@127.0.0.1:1/db?sslmode=disable",
+		"host=127.0.0.1 port=1 user=agent password='" + secret + "' sslmode=disable",
+	} {
+		var err error
+		out := captureStdout(t, func() { err = run(target, "demo-x") })
+		if err == nil || strings.Contains(err.Error()+out, secret) {
+			t.Errorf("%s: %v\n%s", target, err, out)
+		}
 	}
 }

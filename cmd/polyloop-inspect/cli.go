@@ -29,8 +29,10 @@ var lockWait = 2 * time.Second
 
 const usage = `polyloop-inspect dumps and verifies PolyLoop event stores (read-only).
 
-STORE is a bbolt file or a postgres:// URL (read in read-only transactions,
-while agents write; ?polyloop_schema=NAME picks the schema).
+STORE is a bbolt file or a PostgreSQL connection string: a postgres:// URL
+or a key=value string as libpq takes them (read in read-only transactions,
+while agents write; polyloop_schema=NAME picks the schema). A password in
+it is never printed.
 
 Usage:
   polyloop-inspect runs [--json] [filters] STORE          list runs, newest first
@@ -197,13 +199,14 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 	return cmd.run(c)
 }
 
-// openStore opens a store file or a postgres:// URL read-only, waiting a
-// bounded time for a bbolt file's writer. It reports a failure itself.
+// openStore opens a store file or a PostgreSQL connection string
+// read-only, waiting a bounded time for a bbolt file's writer. It reports a
+// failure itself, naming the store as stores.Describe does.
 func (c *call) openStore(target string) (stores.Store, bool) {
 	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true, LockTimeout: lockWait})
 	switch {
 	case errors.Is(err, kv.ErrLocked):
-		c.fail("%s is held for writing: %v; stop the writer or retry", target, err)
+		c.fail("%s is held for writing: %v; stop the writer or retry", c.store(), escape(err.Error()))
 		return nil, false
 	case err != nil:
 		c.fail("%s", escape(err.Error()))
@@ -211,6 +214,10 @@ func (c *call) openStore(target string) (stores.Store, bool) {
 	}
 	return s, true
 }
+
+// store names the command's store for a message: a file's absolute path,
+// a connection string without its password (stores.Describe).
+func (c *call) store() string { return escape(stores.Describe(c.args[0])) }
 
 // escape makes text safe for a terminal: control and format characters
 // (escape sequences, bidi overrides) are shown as Go escapes.

@@ -24,6 +24,7 @@ import (
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
+	"github.com/polyloop/polyloop/stores"
 )
 
 var update = flag.Bool("update", false, "rewrite golden transcripts")
@@ -116,6 +117,7 @@ var (
 // normalise hides what differs between runs: ULIDs, times, wall clock
 // milliseconds, the temporary path, and column widths that follow them.
 func normalise(s, path string) string {
+	s = strings.ReplaceAll(s, stores.Describe(path), "FIXTURE") // as messages name it
 	s = strings.ReplaceAll(s, path, "FIXTURE")
 	s = strings.ReplaceAll(s, filepath.Dir(path), "DIR")
 	s = ulidPattern.ReplaceAllString(s, "ULID")

@@ -8,7 +8,9 @@
 //	polyloop-inspect export [--run RUN]... STORE            many runs' steps as JSON Lines
 //	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only)
 //
-// STORE is a bbolt file or a postgres:// URL. "polyloop-inspect COMMAND
+// STORE is a bbolt file or a PostgreSQL connection string (a postgres://
+// URL or a key=value string), named in messages without its password
+// (stores.Describe). "polyloop-inspect COMMAND
 // --help" gives a command's details (cli.go holds the texts).
 //
 // Exit status: 0 when all is well; 1 when a run is corrupt, a run named is

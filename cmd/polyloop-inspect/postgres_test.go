@@ -225,3 +225,49 @@ func TestPostgresDamageIsFoundStoreWide(t *testing.T) {
 		})
 	}
 }
+
+// TestNoCommandShowsAPassword: every command, given a PostgreSQL store in
+// each form a connection string takes (a URL, a URL with its scheme in
+// capitals, a keyword/value string) with a password — of a server that
+// answers, or of one that cannot be reached — never prints the password,
+// on standard output or standard error, whatever it has to say.
+func TestNoCommandShowsAPassword(t *testing.T) {
+	password, forms := pgtest.StoreForms(t)
+	if s, err := pgstore.Open(context.Background(), forms[0], pgstore.Options{}); err != nil {
+		t.Fatal(err) // the schema, so read-only opens find a store
+	} else {
+		s.Close()
+	}
+	const secret = "Pa55-w0rd"
+	targets := append(forms,
+		"postgres://agent:"+secret+"@127.0.0.1:1/db?sslmode=disable",
+		"POSTGRES://agent:"+secret+"@127.0.0.1:1/db?sslmode=disable",
+		"host=127.0.0.1 port=1 user=agent password='"+secret+"' sslmode=disable")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // serve prints its banner and stops at once
+	old := interruptCtx
+	interruptCtx = func() (context.Context, context.CancelFunc) { return ctx, func() {} }
+	defer func() { interruptCtx = old }()
+	t.Chdir(t.TempDir())
+	for _, target := range targets {
+		for _, args := range [][]string{
+			{"runs", target}, {"runs", "--json", target},
+			{"events", target, "missing"}, {"steps", target, "missing"},
+			{"verify", target}, {"verify", "--json", target, "missing"},
+			{"export", target}, {"export", "--run", "missing", target},
+			{"serve", "--addr", "127.0.0.1:0", target},
+		} {
+			var out, errOut strings.Builder
+			code := run(args, &out, &errOut)
+			all := out.String() + errOut.String()
+			for _, p := range []string{password, secret} {
+				if strings.Contains(all, p) {
+					t.Errorf("%q: exit %d, the password shows:\n%s", args, code, all)
+				}
+			}
+			if code != exitOK && !strings.Contains(all, "xxxxx") && !strings.Contains(all, "no run") {
+				t.Errorf("%q: exit %d without naming the store:\n%s", args, code, all)
+			}
+		}
+	}
+}

@@ -43,7 +43,7 @@ func serveCommand(c *call) int {
 		defer cancel()
 		srv.Shutdown(shut)
 	}()
-	fmt.Fprintf(c.stdout, "serving %s at http://%s/ (read-only; Ctrl-C stops)\n", c.args[0], l.Addr())
+	fmt.Fprintf(c.stdout, "serving %s at http://%s/ (read-only; Ctrl-C stops)\n", c.store(), l.Addr())
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return c.fail("serve: %v", err)
 	}

@@ -31,7 +31,7 @@ func verifyCommand(c *call) int {
 	for _, id := range ids {
 		stream, err := s.Load(context.Background(), id)
 		if err == nil && len(stream) == 0 {
-			return c.fail("no run %q in %s", clip(id, 80), c.args[0])
+			return c.fail("no run %q in %s", clip(id, 80), c.store())
 		}
 		v, err := recovery.ClassifyLoaded(id, stream, err)
 		if err != nil {
@@ -113,7 +113,7 @@ func (c *call) load(s seams.RunReader, runID string) ([]events.Envelope, bool) {
 		return nil, false
 	}
 	if len(stream) == 0 {
-		c.fail("no run %q in %s", clip(runID, 80), c.args[0])
+		c.fail("no run %q in %s", clip(runID, 80), c.store())
 		return nil, false
 	}
 	return stream, true

@@ -30,15 +30,25 @@ import (
 const exitBusy = 3
 
 func main() {
-	db := flag.String("db", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
-	runID := flag.String("run", "fleet-1", "run id")
-	delay := flag.Duration("step-delay", 300*time.Millisecond, "how long each work step takes")
+	db, runID, delay := flags(flag.CommandLine)
 	flag.Parse()
+	if *db == "" {
+		*db = os.Getenv("DATABASE_URL")
+	}
 	if *db == "" {
 		fmt.Fprintln(os.Stderr, "fleet: -db postgres://… (or $DATABASE_URL) is required")
 		os.Exit(2)
 	}
 	os.Exit(work(context.Background(), os.Stdout, *db, *runID, *delay))
+}
+
+// flags defines the worker's flags. $DATABASE_URL is read after parsing,
+// not made -db's default: -h prints defaults, and it holds a password.
+func flags(fs *flag.FlagSet) (db, runID *string, delay *time.Duration) {
+	db = fs.String("db", "", "PostgreSQL URL or key=value string (default $DATABASE_URL)")
+	runID = fs.String("run", "fleet-1", "run id")
+	delay = fs.Duration("step-delay", 300*time.Millisecond, "how long each work step takes")
+	return db, runID, delay
 }
 
 // work drives runID as one worker and returns the exit status.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -51,4 +52,20 @@ func TestTwoWorkersOneRun(t *testing.T) {
 		t.Fatalf("a late worker: exit %d: %s", code, out.String())
 	}
 	t.Logf("%d finished, %d busy", finished, busy)
+}
+
+// TestHelpNeverShowsTheDatabasePassword: -h prints the flags' defaults,
+// and $DATABASE_URL, which holds a password, is not one of them.
+func TestHelpNeverShowsTheDatabasePassword(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://agent:Pa55-w0rd@db/agents")
+	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+	var help strings.Builder
+	fs.SetOutput(&help)
+	flags(fs)
+	if err := fs.Parse([]string{"-h"}); err != flag.ErrHelp || !strings.Contains(help.String(), "-db") {
+		t.Fatalf("-h: %v\n%s", err, help.String())
+	}
+	if strings.Contains(help.String(), "Pa55-w0rd") {
+		t.Fatalf("-h shows the password:\n%s", help.String())
+	}
 }

@@ -429,3 +429,46 @@ func StoreURL(t testing.TB) string {
 	}
 	return dsn + sep + pgstore.SchemaParam + "=" + Schema(t)
 }
+
+// StoreForms is StoreURL(t) written in every form a connection string may
+// take: the URL, the URL with its scheme in capitals, and libpq's
+// keyword/value string (every value quoted). All three name one store.
+// password is the one they hold; t is skipped when the server's DSN is not
+// a URL holding one (a POLYLOOP_PG_DSN without it), since tests that look
+// for it in what commands print need it.
+func StoreForms(t testing.TB) (password string, forms []string) {
+	t.Helper()
+	target := StoreURL(t)
+	u, err := url.Parse(target)
+	if err != nil || u.User == nil {
+		t.Skipf("the server's DSN is not a URL with a user and password")
+	}
+	password, ok := u.User.Password()
+	if !ok || password == "" {
+		t.Skipf("the server's DSN holds no password")
+	}
+	quote := func(v string) string {
+		return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+	}
+	kv := []string{"user=" + quote(u.User.Username()), "password=" + quote(password)}
+	if db := strings.TrimPrefix(u.Path, "/"); db != "" {
+		kv = append(kv, "dbname="+quote(db))
+	}
+	if h := u.Hostname(); h != "" {
+		kv = append(kv, "host="+quote(h))
+	}
+	if p := u.Port(); p != "" {
+		kv = append(kv, "port="+quote(p))
+	}
+	q := u.Query()
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		kv = append(kv, k+"="+quote(q.Get(k)))
+	}
+	scheme, rest, _ := strings.Cut(target, "://")
+	return password, []string{target, strings.ToUpper(scheme) + "://" + rest, strings.Join(kv, " ")}
+}

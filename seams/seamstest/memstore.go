@@ -38,6 +38,9 @@ func (m *MemStore) Append(ctx context.Context, runID string, after ulid.ULID, ev
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := seams.ValidRunID(runID); err != nil {
+		return nil, err
+	}
 	vals := make([][]byte, len(evs))
 	for i, ev := range evs {
 		b, err := events.Marshal(ev)
@@ -79,6 +82,9 @@ func (m *MemStore) Append(ctx context.Context, runID string, after ulid.ULID, ev
 // Load implements seams.RunStore.
 func (m *MemStore) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
 	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := seams.ValidRunID(runID); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
