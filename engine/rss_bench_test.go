@@ -100,6 +100,11 @@ func rssChild() int {
 				return 4
 			}
 		}
+	case "large-read": // a fresh process reading the large run back, as an inspector does
+		if _, err := store.Load(ctx, "large"); err != nil {
+			fmt.Fprintln(os.Stderr, "large-read:", err)
+			return 4
+		}
 	case "resume":
 		def := engine.Definition{Model: benchModel{steps: 10_000}, Parser: seamstest.Parser{}, Store: store}
 		r, err := engine.Resume(ctx, def, benchRequest("long", 10_000))
@@ -177,8 +182,8 @@ func BenchmarkPeakRSS(b *testing.B) {
 		b.ReportMetric(anon, "64x1000-anon-MiB")
 		b.ReportMetric(prompt, "64x1000-prompt-KiB")
 		// The largest reply a run stores: peak memory above an idle
-		// process as a multiple of it, running the run and then also
-		// reading it back.
+		// process as a multiple of it, running the run, running it and
+		// then reading it back, and reading it back in a fresh process.
 		reply := float64(events.MaxTextBytes) / (1 << 20)
 		hwm, anon, _ = child("large", filepath.Join(dir, fmt.Sprint("l", b.N, ".db")))
 		b.ReportMetric(hwm, "large-MiB")
@@ -187,6 +192,9 @@ func BenchmarkPeakRSS(b *testing.B) {
 		hwm, _, _ = child("large-load", filepath.Join(dir, fmt.Sprint("ll", b.N, ".db")))
 		b.ReportMetric(hwm, "large-load-MiB")
 		b.ReportMetric((hwm-idle)/reply, "large-load-x-reply")
+		hwm, _, _ = child("large-read", filepath.Join(dir, fmt.Sprint("l", b.N, ".db")))
+		b.ReportMetric(hwm, "large-read-MiB")
+		b.ReportMetric((hwm-idle)/reply, "large-read-x-reply")
 		hwm, anon, prompt = child("resume", long)
 		b.ReportMetric(hwm, "resume10000-MiB")
 		b.ReportMetric(anon, "resume10000-anon-MiB")

@@ -202,14 +202,6 @@ type pooledEncoder struct {
 	z          []byte // the compressed payload, reused (copied into buf before the encoder goes back to the pool)
 }
 
-// release returns p to the pool unless a large event grew its buffers,
-// which the pool would otherwise keep alive.
-func (p *pooledEncoder) release() {
-	if p.buf.Cap() <= pooledDecodeMax && p.payloadBuf.Cap() <= pooledDecodeMax && cap(p.z) <= pooledDecodeMax {
-		encoders.Put(p)
-	}
-}
-
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
 // and a checksum field for Seal to fill in once the value's key is known).
 // It refuses an event that fails Validate, so nothing invalid is written.
@@ -230,7 +222,7 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 		return nil, fmt.Errorf("events: invalid %s: %w", ev.Kind(), err)
 	}
 	p := encoders.Get().(*pooledEncoder)
-	defer p.release()
+	defer encoders.Put(p)
 	p.buf.Reset()
 	payloadKey, payload, refs, err := p.encodePayload(ev, lastReply)
 	if err != nil {
@@ -278,7 +270,7 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 	deduped, refs := withRefs(ev, lastReply)
 	for {
 		p.payloadBuf.Reset()
-		if n := textBytes(deduped); n > pooledDecodeMax {
+		if n := textBytes(deduped); n > 1<<20 {
 			// One allocation at size, not a doubling buffer's trail of
 			// garbage as large as the payload.
 			p.payloadBuf.Grow(n + 4096)
@@ -402,6 +394,7 @@ func unmarshal(runID string, id ulid.ULID, b []byte, reply *streamReply) (env En
 		} else {
 			key = "payload_s2"
 			raw, err = decodeS2(w.PayloadS2)
+			defer decoded.Put(&raw)
 		}
 		if err != nil {
 			return fail(kind, ErrMalformed, key+" does not decompress: "+err.Error())
@@ -458,8 +451,15 @@ func decodeS2(z []byte) ([]byte, error) {
 	if n > MaxPayload {
 		return nil, fmt.Errorf("it declares %d bytes, more than %d", n, MaxPayload)
 	}
-	return s2.Decode(nil, z)
+	buf := *decoded.Get().(*[]byte)
+	return s2.Decode(buf[:cap(buf)], z)
 }
+
+// decoded holds buffers for decompressed payloads, handed back once the
+// payload is decoded: no record keeps a reference into its payload's bytes
+// (their strings are copies), and reading a stream of large values then
+// decompresses each into the same memory.
+var decoded = sync.Pool{New: func() any { return new([]byte) }}
 
 // maxNesting bounds how deep stored values nest: records are a few levels
 // deep, and a damaged value claiming more is refused before any decoder
@@ -640,20 +640,13 @@ func decodeAs[T Event](raw msgpack.RawMessage) (Event, error) {
 // bound on every declared length lets the decoder allocate a string or
 // slice at its size at once, where msgpack's default (growing by 1 MiB
 // while reading, against lengths it cannot trust) copied a 64 MiB reply
-// some thirty times. A decoder that read a large value is not pooled: it
-// keeps its largest buffer.
+// some thirty times.
 func decodeWalked(b []byte, v any) error {
 	dec := msgpack.GetDecoder()
 	dec.Reset(bytes.NewReader(b))
 	dec.UsePreallocateValues(true)
 	dec.DisableAllocLimit(true)
 	err := dec.Decode(v)
-	if len(b) <= pooledDecodeMax {
-		msgpack.PutDecoder(dec)
-	}
+	msgpack.PutDecoder(dec)
 	return err
 }
-
-// pooledDecodeMax is the largest value whose decoder (and its buffer) goes
-// back to the pool, and the largest buffer a pooled encoder keeps.
-const pooledDecodeMax = 1 << 20
