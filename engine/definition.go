@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -68,6 +69,14 @@ func (d Definition) validate() error {
 	}
 	if d.Events != nil && isNil(d.Events) {
 		return fmt.Errorf("%w: Definition.Events is a nil %T (leave it unset to discard events)", ErrInvalidDefinition, d.Events)
+	}
+	for _, syn := range []struct{ name, text string }{
+		{"ActionRejected", d.Synthetic.ActionRejected}, {"EnvFailed", d.Synthetic.EnvFailed}, {"ModelCallFailed", d.Synthetic.ModelCallFailed},
+	} {
+		if len(syn.text) > events.MaxTextBytes {
+			return fmt.Errorf("%w: Definition.Synthetic.%s is %d bytes, at most %d (events.MaxTextBytes): it is stored in steps",
+				ErrInvalidDefinition, syn.name, len(syn.text), events.MaxTextBytes)
+		}
 	}
 	return nil
 }

@@ -47,12 +47,12 @@
 //
 // Run and Resume take the store's run lock when it has one
 // (seams.RunLocker; kv and MemStore do), so a second driver in the same
-// process fails with ErrRunBusy before it reads the run, calls the model or
-// executes anything. Resume takes it only once it has seen the run's first
-// event (a run with no log is ErrRunNotFound without it), so the id of a
-// run that does not exist is held only by a Run starting it, and a Run
-// turned away by the lock fails with an error matching ErrRunExists as
-// well as ErrRunBusy. The guarantee does not rest on the lock: the driver
+// process fails with ErrRunBusy before it replays the run, calls the model
+// or executes anything. Resume takes it only once it knows the run has a
+// log (seams.RunFinder, or the stream's first event; a run with none is
+// ErrRunNotFound without the lock), so the id of a run that does not exist
+// is held only by a Run starting it, and a Run turned away by the lock
+// fails with an error matching ErrRunExists as well as ErrRunBusy. The guarantee does not rest on the lock: the driver
 // names, on every append, the tail it holds (seams.RunStore.Append), and an
 // append whose tail moved fails; the driver then stops at once, executes
 // nothing more and returns ErrRunBusy. Of two drivers continuing one tail,
@@ -82,16 +82,23 @@
 //     that wrapped text. The llm_error step's synthetic text is not wrapped:
 //     it is never fed back.
 //   - A tool call when Request.Tools is nil is rejected like an unknown tool.
-//   - Every text a consumer hands a run is at most events.MaxTextBytes, so
-//     every event stays under events.MaxPayload and what a run writes it
-//     reads back: a model reply larger than that (content and thinking
-//     together) is a failed model call (llm_error, nothing executed, the
-//     failure saying why); a parser's history text, final answer, action or
-//     tool arguments larger than it make the decision invalid (an action is
-//     never cut: what runs is what the model said, or nothing); a parse
-//     failure's explanation is cut to it; an observation larger than it is
-//     cut at a UTF-8 boundary, and the code points cut are added to
-//     observation_truncated_chars.
+//   - Every text a consumer's seams hand a run is bounded before it is
+//     stored, so every event stays under events.MaxPayload and what a run
+//     writes it reads back. A model reply larger than events.MaxTextBytes
+//     (content, thinking and call id together) is a failed model call
+//     (llm_error, nothing executed, the failure saying why; its usage is
+//     not recorded, there being no reply); a parser's history text, final
+//     answer, action or tool arguments larger than it, or a tool name over
+//     1 KiB, make the decision invalid (an action is never cut: what runs is
+//     what the model said, or nothing); an explanation (a parser's panic
+//     included), a model client's error and an observation (a rejected tool
+//     call's included) are cut to it at a UTF-8 boundary, an observation's
+//     cut code points added to observation_truncated_chars; an executor's
+//     env_error cause is cut to events.MaxEnvErrorBytes. The synthetic
+//     texts and ObservationTemplate are validated against it.
+//   - Resuming a stored reply that no longer parses to the action its
+//     intent announced (a log written under other bounds) executes nothing
+//     and stops with resume_state_unknown.
 //   - step_wall_ms runs from the moment the step's model intent was durable
 //     (its ULID time) to the StepCompleted, so it survives a resume.
 //   - Injected entry ids are recorded in the parameter snapshot

@@ -324,6 +324,19 @@ func (m *machine) executeCommand() command {
 	}}
 }
 
+// announced reports whether the stored reply parses to the action the
+// pending action intent announced: an action, calling the intent's tool
+// when the intent names one (intents written before tool names were
+// recorded name none).
+func (m *machine) announced() bool {
+	a, ok := m.parsed().Decision.(seams.Action)
+	if !ok {
+		return false
+	}
+	want := m.cur.action.ToolName
+	return want == "" || a.ToolCall != nil && a.ToolCall.Name == want
+}
+
 // continueTail decides, after replay, what the tail of the log asks for:
 // the recovery table, which lives in package recovery.
 func (m *machine) continueTail(in input) command {
@@ -341,6 +354,13 @@ func (m *machine) continueTail(in input) command {
 	case recovery.PlanCallAgain:
 		return m.modelCommand()
 	case recovery.PlanExecuteAgain:
+		if !m.announced() {
+			// The stored reply no longer parses to the action its intent
+			// announced (a log written under other bounds): what ran, or
+			// would run, is not known.
+			m.finish(in, events.StopResumeStateUnknown, nil)
+			break
+		}
 		return m.executeCommand()
 	case recovery.PlanStopUnknown:
 		m.finish(in, events.StopResumeStateUnknown, nil)
@@ -382,7 +402,7 @@ func (m *machine) modelReturned(in input) command {
 		failure := "model call failed"
 		switch {
 		case in.err != nil && in.err.Error() != "":
-			failure = in.err.Error()
+			failure = events.Clip(in.err.Error(), events.MaxTextBytes)
 		case in.err == nil:
 			failure = fmt.Sprintf("the model's reply is %d bytes, more than the %d a run stores (events.MaxTextBytes)",
 				replyBytes(in.reply), events.MaxTextBytes)
@@ -425,18 +445,24 @@ func (m *machine) parsed() seams.ParsedReply {
 	return *m.cur.parsed
 }
 
-func safeParse(p seams.DecisionParser, r events.ModelReply) (out seams.ParsedReply) {
-	defer func() {
-		if v := recover(); v != nil {
-			out = seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: fmt.Sprintf("parser panicked: %v", v)}}
-		}
+func safeParse(p seams.DecisionParser, r events.ModelReply) seams.ParsedReply {
+	out := func() (out seams.ParsedReply) {
+		defer func() {
+			if v := recover(); v != nil {
+				out = seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: fmt.Sprintf("parser panicked: %v", v)}}
+			}
+		}()
+		return p.Parse(r)
 	}()
-	out = p.Parse(r)
 	if out.Decision == nil {
 		out.Decision = seams.InvalidDecision{Explanation: "parser returned no decision"}
 	}
 	return boundParse(out, r)
 }
+
+// maxToolNameBytes bounds a tool call's name: a name is stored, and quoted
+// in the observation of a call to an unknown tool.
+const maxToolNameBytes = 1024
 
 // boundParse keeps what a parser derived from a reply (which is at most
 // events.MaxTextBytes) within that bound too, so that the step record
@@ -462,6 +488,9 @@ func boundParse(p seams.ParsedReply, r events.ModelReply) seams.ParsedReply {
 			return tooLarge("action", len(d.Text))
 		}
 		if tc := d.ToolCall; tc != nil {
+			if n := len(tc.Name); n > maxToolNameBytes {
+				return tooLarge("tool name", n)
+			}
 			if n := len(toolArguments(tc)); n > events.MaxTextBytes {
 				return tooLarge("tool call's arguments", n)
 			}
@@ -515,7 +544,7 @@ func (m *machine) validateTool(tc seams.ToolCall) error {
 // executed, a synthetic observation.
 func (m *machine) rejected(in input, a seams.Action, err error) {
 	text := strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error())
-	out := events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true}
+	out := clipObservation(events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true})
 	rec := m.actionRecord(in, a, out)
 	m.emit(events.StepCompleted{RunID: m.cfg.runID, ActionOutcome: &out, Step: rec})
 	m.startStep(in)
@@ -530,11 +559,6 @@ func (m *machine) actionReturned(in input) command {
 		return m.flush()
 	}
 	out := in.outcome
-	if len(out.Observation) > events.MaxTextBytes {
-		kept := events.Clip(out.Observation, events.MaxTextBytes)
-		out.ObservationTruncatedChars += chars(out.Observation[len(kept):])
-		out.Observation = kept
-	}
 	if in.err != nil || !out.Status.Valid() || out.ObservationTruncatedChars < 0 {
 		cause := fmt.Sprintf("the executor returned an invalid outcome (status %q, observation_truncated_chars %d)",
 			out.Status, out.ObservationTruncatedChars)
@@ -544,11 +568,26 @@ func (m *machine) actionReturned(in input) command {
 		out = events.ActionOutcome{Status: events.StatusEnvError, Observation: m.cfg.synthetic.EnvFailed, ObservationIsSynthetic: true,
 			EnvError: events.EnvErrorText(cause)}
 	}
+	if out.EnvError != nil {
+		out.EnvError = events.EnvErrorText(*out.EnvError)
+	}
+	out = clipObservation(out)
 	a, _ := m.parsed().Decision.(seams.Action)
 	rec := m.actionRecord(in, a, out)
 	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.cur.action.ResultID, ActionOutcome: &out, Step: rec})
 	m.startStep(in) // may stop with env_error or task_completed
 	return m.flush()
+}
+
+// clipObservation cuts an observation larger than events.MaxTextBytes at a
+// UTF-8 boundary and adds the code points cut to its truncated count.
+func clipObservation(out events.ActionOutcome) events.ActionOutcome {
+	if len(out.Observation) > events.MaxTextBytes {
+		kept := events.Clip(out.Observation, events.MaxTextBytes)
+		out.ObservationTruncatedChars += chars(out.Observation[len(kept):])
+		out.Observation = kept
+	}
+	return out
 }
 
 // record is the step record's common part: index, model output, prompt

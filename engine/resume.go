@@ -92,10 +92,14 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 // errFound stops hasLog's scan at the first event.
 var errFound = errors.New("found")
 
-// hasLog reports whether runID's stream holds any event, reading only its
-// first when the store can hand a stream over event by event. An error
+// hasLog reports whether runID has anything stored: by asking the store
+// when it can tell (seams.RunFinder), else reading only the first event
+// when it can hand a stream over event by event, else loading it. An error
 // means it cannot tell; the caller then reads the run as it would have.
 func hasLog(ctx context.Context, store seams.RunStore, runID string) (bool, error) {
+	if f, ok := store.(seams.RunFinder); ok {
+		return f.HasRun(ctx, runID)
+	}
 	if sc, ok := store.(seams.RunScanner); ok {
 		err := sc.Scan(ctx, runID, func(events.Envelope) error { return errFound })
 		if errors.Is(err, errFound) {

@@ -2,9 +2,12 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
@@ -86,4 +89,147 @@ func TestOversizedTextsLeaveALoadableLog(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parserFunc is a DecisionParser made of a function.
+type parserFunc func(events.ModelReply) seams.ParsedReply
+
+func (f parserFunc) Parse(r events.ModelReply) seams.ParsedReply { return f(r) }
+func (parserFunc) Parameters() map[string]string                 { return map[string]string{"kind": "func"} }
+
+// TestNoConsumerTextOutgrowsAStoredEvent: every text a consumer's seam can
+// hand a run — an executor's own env_error cause, a model client's error, a
+// parser's panic, a tool name, the registry's rejection of arguments that
+// quotes them once per schema branch — is bounded before it is stored, so
+// no event of the run is refused as too large, least of all the one
+// recording an action that already ran.
+func TestNoConsumerTextOutgrowsAStoredEvent(t *testing.T) {
+	over := events.MaxPayload + 1<<20
+	anyOf, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "search", ReplayPolicy: events.ReplaySafe,
+		Parameters: map[string]any{"type": "object", "properties": map[string]any{"q": map[string]any{
+			"anyOf": []any{map[string]any{"pattern": "^a*$"}, map[string]any{"pattern": "^b*$"}, map[string]any{"pattern": "^c*$"}}}}}},
+		Handler: func(context.Context, map[string]any) (string, error) { return "ok", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		setup func(a *agent)
+		want  events.StopReason
+	}{
+		{"an executor's env_error cause", func(a *agent) {
+			a.model.Turns = seamstest.Replies("ACTION: make", "FINAL: done")
+			cause := strings.Repeat("stderr line\n", over/12)
+			a.exec.Respond = func(context.Context, seams.ActionCall) (events.ActionOutcome, error) {
+				return events.ActionOutcome{Status: events.StatusEnvError, Observation: "failed", EnvError: &cause}, nil
+			}
+		}, events.StopEnvError},
+		{"a model client's error", func(a *agent) {
+			a.model.Turns = []seamstest.Turn{{Err: errors.New(strings.Repeat("<html>bad gateway</html>", over/24))}}
+		}, events.StopLLMError},
+		{"a parser's panic", func(a *agent) {
+			a.model.Turns = seamstest.Replies("FINAL: x", "FINAL: x")
+			a.def.Parser = parserFunc(func(events.ModelReply) seams.ParsedReply { panic(strings.Repeat("x", over/2)) })
+		}, events.StopParseFailedRepeatedly},
+		{"a tool name", func(a *agent) {
+			a.model.Turns = seamstest.Replies("TOOL x {}", "TOOL x {}")
+			a.def.Parser = parserFunc(func(r events.ModelReply) seams.ParsedReply {
+				return seams.ParsedReply{HistoryText: r.Content, Decision: seams.Action{Text: "call",
+					ToolCall: &seams.ToolCall{Name: strings.Repeat("n", over/2), Arguments: map[string]any{}}}}
+			})
+		}, events.StopParseFailedRepeatedly},
+		{"a rejection quoting the arguments per schema branch", func(a *agent) {
+			q := strings.Repeat("\u0085", (events.MaxTextBytes-64)/2) // 2 bytes each, 6 quoted
+			a.model.Turns = seamstest.Replies(`TOOL search {"q": "`+q+`"}`, "FINAL: done")
+			a.req.Tools, a.req.Executor = anyOf, anyOf.Executor()
+		}, events.StopAgentFinished},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			store := openKV(t)
+			a := newAgent(store, "r")
+			a.req.Budget.MaxPromptChars = 1 << 30
+			tc.setup(a)
+			r, err := engine.Run(context.Background(), a.def, a.req)
+			if err != nil {
+				t.Fatalf("Run: %.300v", err)
+			}
+			soundLog(t, store, "r")
+			if r.StopReason != tc.want {
+				t.Errorf("stopped with %s, want %s", r.StopReason, tc.want)
+			}
+		})
+	}
+}
+
+// TestSyntheticTextsAreBounded: the synthetic observations are stored in
+// steps too, so a definition with one larger than a stored text is invalid
+// before anything is written.
+func TestSyntheticTextsAreBounded(t *testing.T) {
+	huge := strings.Repeat("x", events.MaxTextBytes+1)
+	for name, syn := range map[string]engine.SyntheticObservations{
+		"ActionRejected": {ActionRejected: huge}, "EnvFailed": {EnvFailed: huge}, "ModelCallFailed": {ModelCallFailed: huge},
+	} {
+		store := openKV(t)
+		a := newAgent(store, "r", seamstest.Replies("FINAL: x")...)
+		a.def.Synthetic = syn
+		_, err := engine.Run(context.Background(), a.def, a.req)
+		if !errors.Is(err, engine.ErrInvalidDefinition) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s of %d bytes: %v, want ErrInvalidDefinition naming it", name, len(huge), err)
+		}
+		if stream, _ := store.Load(context.Background(), "r"); len(stream) != 0 {
+			t.Errorf("%s: an invalid definition wrote %d events", name, len(stream))
+		}
+	}
+}
+
+// TestAStoredReplyThatNoLongerParsesToItsActionIsNotExecuted: a log written
+// under other bounds holds a reply (here 9 MiB, over today's bound) and the
+// action intent it led to, in doubt. Resume re-parses the reply, which no
+// longer yields that action: it must not execute anything in its place,
+// and stops honestly with resume_state_unknown.
+func TestAStoredReplyThatNoLongerParsesToItsActionIsNotExecuted(t *testing.T) {
+	store := openKV(t)
+	reply := `TOOL count {"dir": "` + strings.Repeat("y", 9<<20) + `"}`
+	executed := 0
+	tools, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
+		Handler: func(context.Context, map[string]any) (string, error) { executed++; return "3 files", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(failingReplies{store}, "r", seamstest.Replies(reply)...)
+	a.req.Tools, a.req.Executor = tools, tools.Executor()
+	a.req.Budget.MaxPromptChars = 1 << 30
+	if _, err := engine.Run(context.Background(), a.def, a.req); err == nil {
+		t.Fatal("the run's model result was written")
+	}
+	stream := soundLog(t, store, "r")
+	model := stream[len(stream)-1].Event.(events.Intent)
+	// What the engine wrote before the bound, up to a crash before the action's outcome.
+	if _, err := store.Append(context.Background(), "r", stream[len(stream)-1].ID,
+		events.ModelCallResult{RunID: "r", ResultID: model.ResultID, Reply: &events.ModelReply{CallID: "call-0", Content: reply}},
+		events.Intent{RunID: "r", IntentKind: events.IntentAction, CallIndex: 0, ResultID: ulid.Make().String(),
+			ReplayPolicy: events.ReplaySafe, ToolName: "count"}); err != nil {
+		t.Fatal(err)
+	}
+	a.def.Store = store
+	r, err := engine.Resume(context.Background(), a.def, a.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StopReason != events.StopResumeStateUnknown || executed != 0 {
+		t.Fatalf("resumed to %s after executing %d actions, want resume_state_unknown and none", r.StopReason, executed)
+	}
+}
+
+// failingReplies is a store that refuses to append a model result.
+type failingReplies struct{ seams.RunStore }
+
+func (s failingReplies) Append(ctx context.Context, runID string, tail ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
+	for _, ev := range evs {
+		if ev.Kind() == events.KindModelCallResult {
+			return nil, errors.New("a crash before the model result")
+		}
+	}
+	return s.RunStore.Append(ctx, runID, tail, evs...)
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -564,5 +565,48 @@ func TestWhatMarshalWritesUnmarshalReads(t *testing.T) {
 				t.Fatal("the value decodes differently")
 			}
 		})
+	}
+}
+
+// TestClaimedCountsAreBounded: a sealed value whose payload claims millions
+// of map entries or array elements, each item a byte or two (a 16 MiB
+// RunStarted snapshot of one repeated empty key, a RunFinished with 16 Mi
+// nil steps), is malformed before any decoder allocates for the claim;
+// and a writer cannot store a snapshot a reader would refuse.
+func TestClaimedCountsAreBounded(t *testing.T) {
+	str := func(b []byte, s string) []byte { return append(append(b, 0xa0|byte(len(s))), s...) }
+	count := func(b []byte, code byte, n int) []byte {
+		return binary.BigEndian.AppendUint32(append(b, code), uint32(n))
+	}
+	const n = 16 << 20
+	snapshot := count(str(str(str(str(str([]byte{0x83}, "run_id"), "run-1"), "schema_version"), "1.3"), "parameter_snapshot"), 0xdf, n)
+	snapshot = append(snapshot, bytes.Repeat([]byte{0xa0, 0xa0}, n)...)
+	steps := count(str(append(str(str(str([]byte{0x82}, "run_id"), "run-1"), "result"), 0x81), "steps"), 0xdd, n)
+	steps = append(steps, bytes.Repeat([]byte{0xc0}, n)...)
+	for _, c := range []struct {
+		kind    events.Kind
+		payload []byte
+	}{{events.KindRunStarted, snapshot}, {events.KindRunFinished, steps}} {
+		v := rawValue(t, "kind", string(c.kind), "schema_version", "1.3", "payload_s2", s2.Encode(nil, c.payload))
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, err := events.Unmarshal("run-1", goldenID, v)
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, events.ErrMalformed) || !strings.Contains(err.Error(), "more than") {
+			t.Errorf("%s claiming %d items: %v, want ErrMalformed", c.kind, n, err)
+		}
+		// The decompressed payload (16 or 32 MiB) is all it may cost.
+		if got := after.TotalAlloc - before.TotalAlloc; got > uint64(len(c.payload))+(4<<20) {
+			t.Errorf("%s claiming %d items: decoding allocated %d MiB for a %d MiB payload", c.kind, n, got>>20, len(c.payload)>>20)
+		}
+	}
+	many := make(map[string]string, events.MaxItems+1)
+	for i := range events.MaxItems + 1 {
+		many[fmt.Sprint(i)] = ""
+	}
+	if _, err := events.Marshal(events.RunStarted{RunID: "run-1", ParameterSnapshot: many, SchemaVersion: events.CurrentSchemaVersion}); err == nil ||
+		!strings.Contains(err.Error(), "events.MaxItems") {
+		t.Errorf("a snapshot of %d keys: %v, want a refusal naming events.MaxItems", len(many), err)
 	}
 }

@@ -127,10 +127,11 @@ const compressMin = 1024
 const MaxPayload = 64 << 20
 
 // MaxTextBytes bounds each text the engine stores from a consumer: a model
-// reply (its content and thinking together), what a parser derives from it,
-// an observation. A step record holds a handful of them (the reply as
-// raw_output, the action, its arguments, the observation twice), so with
-// each at most MaxTextBytes every record stays well under MaxPayload.
+// reply (its content, thinking and call id together), what a parser
+// derives from it, an observation. A step record holds a handful of them
+// (the reply as raw_output, the action, its arguments, the observation, and
+// the observation again wrapped in a template of at most the same size), at
+// most 48 MiB with each at its bound: under MaxPayload.
 const MaxTextBytes = 8 << 20
 
 // ErrTooLarge: an event's payload is larger than MaxPayload. Nothing of
@@ -461,6 +462,15 @@ func decodeS2(z []byte) ([]byte, error) {
 // decompresses each into the same memory.
 var decoded = sync.Pool{New: func() any { return new([]byte) }}
 
+// MaxItems bounds the entries of any map and the elements of any array in
+// a stored value (the only one records hold in number is a run's parameter
+// snapshot): a decoder allocates for a declared count before reading the
+// items, and a Go map entry or struct costs far more than the byte each
+// item needs at least, so a damaged or forged value claiming millions of
+// them is refused by WellFormed before any decoder sees it. Validate holds
+// writers to it.
+const MaxItems = 1 << 14
+
 // maxNesting bounds how deep stored values nest: records are a few levels
 // deep, and a damaged value claiming more is refused before any decoder
 // recurses into it.
@@ -468,9 +478,10 @@ const maxNesting = 32
 
 // WellFormed walks b as exactly one msgpack value without building it and
 // without recursion: a stack of counts stands in for the nesting. It
-// proves every declared length is backed by bytes (so a damaged value
-// cannot make decoding allocate far beyond its own size) and that nothing
-// nests deeper than 32 levels (so decoding cannot exhaust the stack).
+// proves every declared length is backed by bytes and no array or map
+// holds more than MaxItems (so a damaged value cannot make decoding
+// allocate far beyond its own size) and that nothing nests deeper than 32
+// levels (so decoding cannot exhaust the stack).
 // Unmarshal runs it first; a store decoding msgpack values of its own (an
 // index entry) should too.
 func WellFormed(b []byte) error {
@@ -530,6 +541,8 @@ func WellFormed(b []byte) error {
 			}
 			i += width
 			switch {
+			case c >= 0xdc && n > MaxItems:
+				return fmt.Errorf("an array or map of %d items, more than %d", n, MaxItems)
 			case c >= 0xdc && c <= 0xdd:
 				items = n
 			case c >= 0xde:
@@ -637,14 +650,14 @@ func decodeAs[T Event](raw msgpack.RawMessage) (Event, error) {
 }
 
 // decodeWalked is msgpack.Unmarshal for bytes WellFormed has walked. Its
-// bound on every declared length lets the decoder allocate a string or
-// slice at its size at once, where msgpack's default (growing by 1 MiB
-// while reading, against lengths it cannot trust) copied a 64 MiB reply
-// some thirty times.
+// bounds on every declared length and count let the decoder allocate a
+// string at its size at once, where msgpack's default grows it 1 MiB at a
+// time against a length it cannot trust (six times the string's size
+// allocated for a 60 MiB reply). (msgpack.Unmarshal's preallocation of
+// pointer values is not asked for: it keeps goroutines of its own.)
 func decodeWalked(b []byte, v any) error {
 	dec := msgpack.GetDecoder()
 	dec.Reset(bytes.NewReader(b))
-	dec.UsePreallocateValues(true)
 	dec.DisableAllocLimit(true)
 	err := dec.Decode(v)
 	msgpack.PutDecoder(dec)

@@ -317,6 +317,9 @@ func (e RunStarted) Validate() error {
 	if err := requireRunID(e.RunID); err != nil {
 		return err
 	}
+	if n := len(e.ParameterSnapshot); n > MaxItems {
+		return fmt.Errorf("parameter_snapshot has %d keys, more than %d (events.MaxItems)", n, MaxItems)
+	}
 	return checkVersion("schema_version", e.SchemaVersion)
 }
 

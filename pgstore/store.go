@@ -89,7 +89,7 @@ type Store struct {
 
 // queries are the statements, with the schema filled in.
 type queries struct {
-	start, cont, row, load, runs, deletable, delete string
+	start, cont, row, load, runs, deletable, delete, has string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -315,6 +315,9 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		AND stop_reason = $16 AND first_event = $17 AND last_event = $18 AND crc = $19
 	RETURNING $15::bigint AS base)` + insertEvents),
 		row: sub(`SELECT ` + rowColumns("") + ` FROM {{schema}}.runs WHERE run_id = $1`),
+		// Whether a run has anything stored: two index probes.
+		has: sub(`SELECT EXISTS (SELECT 1 FROM {{schema}}.runs WHERE run_id = $1)
+	OR EXISTS (SELECT 1 FROM {{schema}}.events WHERE run_id = $1)`),
 		// The events in order, then the index row (its seq null, so
 		// last), if any.
 		load: sub(`SELECT ` + rowColumns("") + `, NULL::bigint AS seq, NULL::bytea, NULL::text, NULL::bytea, NULL::bigint
@@ -529,6 +532,20 @@ func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope)
 			return err
 		}
 	}
+}
+
+// HasRun implements seams.RunFinder: whether runID has an index row or
+// events, asked of the pool (never of the session of a driver holding the
+// run, whose appends it would hold up).
+func (s *Store) HasRun(ctx context.Context, runID string) (bool, error) {
+	if err := seams.ValidRunID(runID); err != nil {
+		return false, fmt.Errorf("pgstore: has run: %w", err)
+	}
+	var found bool
+	if err := s.pool.QueryRow(ctx, s.q.has, runID).Scan(&found); err != nil {
+		return false, fmt.Errorf("pgstore: has run %q: %w", runID, err)
+	}
+	return found, nil
 }
 
 // load is Load, or with each set Scan.

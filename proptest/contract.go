@@ -347,6 +347,32 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		}
 	})
 
+	t.Run("HasRunAgreesWithLoad", func(t *testing.T) {
+		s := open(t)
+		f, ok := s.(seams.RunFinder)
+		if !ok {
+			t.Skip("the store does not implement seams.RunFinder")
+		}
+		has := func(run string) bool {
+			t.Helper()
+			found, err := f.HasRun(ctx, run)
+			if err != nil {
+				t.Fatalf("HasRun(%q): %v", run, err)
+			}
+			return found
+		}
+		if has("h") {
+			t.Fatal("HasRun of a run never written: true")
+		}
+		mustAppend(t, s, "h", SoundStream("h")[0])
+		if !has("h") || has("h2") {
+			t.Fatal("HasRun does not say which runs have a log")
+		}
+		if _, err := f.HasRun(ctx, "a\x00b"); !errors.Is(err, seams.ErrInvalidRunID) {
+			t.Fatalf("HasRun of a run id no store keeps: %v, want seams.ErrInvalidRunID", err)
+		}
+	})
+
 	t.Run("AnAppendNamingAnotherTailWritesNothing", func(t *testing.T) {
 		s := open(t)
 		stream := SoundStream("t")

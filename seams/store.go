@@ -244,6 +244,15 @@ type RunScanner interface {
 	Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error
 }
 
+// RunFinder is implemented by stores that can say whether a run has
+// anything stored without reading its stream. engine.Resume asks before it
+// takes the run's lock; of a store without it, it reads the first event
+// (RunScanner) or the whole stream.
+type RunFinder interface {
+	// HasRun reports whether runID has events or an index entry.
+	HasRun(ctx context.Context, runID string) (bool, error)
+}
+
 // RunStatus is a run's state as a store's index knows it.
 type RunStatus string
 
