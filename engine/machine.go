@@ -91,16 +91,13 @@ type config struct {
 	prefixChars int
 }
 
-// current is the step in progress.
+// current is what the machine notes of the step in progress beside the
+// fold's record of it (recovery.Step).
 type current struct {
-	intent   *events.Intent // model intent
-	intentAt time.Time      // when it became durable: the step's start
-	issued   bool           // intent written by this machine, not replayed
-	reply    *events.ModelReply
-	failure  *string
+	intentAt time.Time // when the model intent became durable: the step's start
+	issued   bool      // model intent written by this machine, not replayed
 	parsed   *seams.ParsedReply
-	action   *events.Intent // action intent
-	acted    bool           // action intent written by this machine
+	acted    bool // action intent written by this machine
 }
 
 // ending is a stop decided by a completed step.
@@ -110,14 +107,16 @@ type ending struct {
 }
 
 type machine struct {
-	cfg      *config
-	started  bool
-	finished *events.RunResult
+	cfg *config
+	// log is the run's log: its fold (recovery.Fold) is the machine's
+	// state of the run, and while the machine replays a stored stream it
+	// checks each event too. diff lists the parameters the stored snapshot
+	// does not share with the run's (set when replaying RunStarted).
+	log  *recovery.Classifier
+	diff []string
 
-	steps         []events.StepRecord
-	usage         events.UsageTotals // of the durable replies
-	actions       int                // executed actions
-	parseFailures int                // consecutive
+	actions       int // executed actions
+	parseFailures int // consecutive
 	// prompt is the prefix followed by the history, grown in place; a model
 	// call gets a capacity-capped view of it, so a step costs O(1) here
 	// however long the history is.
@@ -134,17 +133,20 @@ type machine struct {
 }
 
 func newMachine(cfg *config) *machine {
-	return &machine{cfg: cfg, prompt: append([]seams.Message(nil), cfg.prefix...)}
+	return &machine{cfg: cfg, log: recovery.NewClassifier(cfg.runID), prompt: append([]seams.Message(nil), cfg.prefix...)}
 }
+
+// fold is the run's log as the machine knows it.
+func (m *machine) fold() *recovery.Fold { return m.log.Fold() }
 
 // step is the reducer.
 func (m *machine) step(in input) command {
 	switch in.kind {
 	case inReplayed:
-		m.apply(in.env.Event, in.env.Time(), false)
+		m.replay(in.env)
 		return command{kind: cmdNone}
 	case inBegin:
-		if !m.started {
+		if !m.fold().Started {
 			m.emit(events.RunStarted{RunID: m.cfg.runID, ParameterSnapshot: m.cfg.snapshot, SchemaVersion: events.CurrentSchemaVersion})
 			m.startStep(in)
 			return m.flush()
@@ -152,7 +154,7 @@ func (m *machine) step(in input) command {
 		return m.continueTail(in)
 	case inAppended:
 		for _, env := range in.envs {
-			if in, ok := env.Event.(events.Intent); ok && m.cur.intent != nil && in.ResultID == m.cur.intent.ResultID {
+			if in, ok := env.Event.(events.Intent); ok && m.fold().Current.Model != nil && in.ResultID == m.fold().Current.Model.ResultID {
 				m.cur.intentAt = env.Time()
 			}
 		}
@@ -178,25 +180,40 @@ func (m *machine) flush() command {
 }
 
 // apply is the machine's only state transition: the fold of one durable
-// (or planned) event. live says the machine itself wrote it.
+// (or planned) event, and the machine's notes on it. live says the machine
+// itself wrote it.
 func (m *machine) apply(ev events.Event, at time.Time, live bool) {
+	m.note(ev, at, live)
+	m.fold().Apply(ev)
+}
+
+// replay folds a stored event through the log's checks (Resume). The
+// machine notes it only while the log is sound and the run's parameters
+// are the stored ones: Resume refuses the run otherwise, and the notes of
+// what it refuses would be wasted.
+func (m *machine) replay(env events.Envelope) {
+	if m.log.Sound() && len(m.diff) == 0 && env.Kind != events.KindRunFinished {
+		m.note(env.Event, env.Time(), false)
+	}
+	m.log.Apply(env)
+	if started, ok := env.Event.(events.RunStarted); ok && m.log.Events() == 1 {
+		m.diff = snapshotDiff(started.ParameterSnapshot, m.cfg.snapshot)
+	}
+}
+
+// note is what the machine keeps of an event beside the fold, taken before
+// the fold moves past it (a completed step's ending reads the step in
+// progress).
+func (m *machine) note(ev events.Event, at time.Time, live bool) {
 	switch ev := ev.(type) {
-	case events.RunStarted:
-		m.started = true
 	case events.Intent:
 		if ev.IntentKind == events.IntentModelCall {
-			m.cur = current{intent: &ev, intentAt: at, issued: live}
+			m.cur = current{intentAt: at, issued: live}
 		} else {
-			m.cur.action, m.cur.acted = &ev, live
-		}
-	case events.ModelCallResult:
-		m.cur.reply, m.cur.failure = ev.Reply, ev.Failure
-		if ev.Reply != nil {
-			m.usage.Add(ev.Reply.Usage)
+			m.cur.acted = live
 		}
 	case events.StepCompleted:
 		s := ev.Step
-		m.steps = append(m.steps, s)
 		if ev.ActionOutcome != nil && ev.ActionOutcome.Status == events.StatusExecuted {
 			m.actions++
 		}
@@ -208,12 +225,13 @@ func (m *machine) apply(ev events.Event, at time.Time, live bool) {
 		m.ending = m.stepEnding(ev)
 		m.addHistory(seams.Text(seams.RoleAssistant, s.RawOutput), seams.Text(seams.RoleUser, s.Observation))
 		m.cur = current{}
-	case events.RunFinished:
-		r := ev.Result
-		usage := m.usage
-		r.Steps, r.Usage = m.steps, &usage
-		m.finished = &r
 	}
+}
+
+// done is the command that ends a finished run with its result.
+func (m *machine) done() command {
+	r, _ := m.fold().Result()
+	return command{kind: cmdDone, result: r}
 }
 
 func (m *machine) addHistory(msgs ...seams.Message) {
@@ -233,15 +251,16 @@ func (m *machine) promptChars() int { return m.cfg.prefixChars + m.historyChars 
 // effect was never started; recovery accepts an unanswered intent before
 // RunFinished{cancelled}).
 func (m *machine) afterDurable(in input) command {
+	cur := &m.fold().Current
 	switch {
-	case m.finished != nil:
-		return command{kind: cmdDone, result: *m.finished}
+	case m.fold().Finished != nil:
+		return m.done()
 	case in.cancelled && (m.cur.acted || m.cur.issued):
 		m.finish(in, events.StopCancelled, nil)
 		return m.flush()
-	case m.cur.action != nil && m.cur.acted:
+	case cur.Action != nil && m.cur.acted:
 		return m.executeCommand()
-	case m.cur.intent != nil && m.cur.issued && m.cur.reply == nil && m.cur.failure == nil:
+	case cur.Model != nil && m.cur.issued && cur.Reply == nil && cur.Failure == nil:
 		return m.modelCommand()
 	}
 	return command{kind: cmdFail, err: "append reported with no side effect or finish pending"}
@@ -253,15 +272,15 @@ func (m *machine) afterDurable(in input) command {
 // are checked before the next step). It reads the step in progress, so it
 // runs before apply resets it.
 func (m *machine) stepEnding(ev events.StepCompleted) *ending {
-	out := ev.ActionOutcome
+	out, cur := ev.ActionOutcome, &m.fold().Current
 	switch {
-	case m.cur.failure != nil:
+	case cur.Failure != nil:
 		return &ending{reason: events.StopLLMError}
 	case out != nil && out.Status == events.StatusEnvError:
 		return &ending{reason: events.StopEnvError}
 	case out != nil && out.Status == events.StatusExecuted && (out.EnvReportedCompletion || m.completesRun(ev.Step.ToolName)):
 		return &ending{reason: events.StopTaskCompleted}
-	case out == nil && ev.Step.ParseOK && m.cur.reply != nil:
+	case out == nil && ev.Step.ParseOK && cur.Reply != nil:
 		if fa, ok := m.parsed().Decision.(seams.FinalAnswer); ok {
 			answer := fa.Text
 			return &ending{reason: events.StopAgentFinished, answer: &answer}
@@ -289,16 +308,16 @@ func (m *machine) startStep(in input) {
 		m.finish(in, m.ending.reason, m.ending.answer)
 	case in.cancelled:
 		m.finish(in, events.StopCancelled, nil)
-	case len(m.steps) >= b.MaxSteps:
+	case len(m.fold().Steps) >= b.MaxSteps:
 		m.finish(in, events.StopStepBudget, nil)
 	case m.actions >= b.MaxActions:
 		m.finish(in, events.StopActionBudget, nil)
-	case b.MaxTotalTokens > 0 && m.usage.Total() >= b.MaxTotalTokens:
+	case b.MaxTotalTokens > 0 && m.fold().Usage.Total() >= b.MaxTotalTokens:
 		m.finish(in, events.StopTokenBudget, nil)
 	case m.promptChars() > b.MaxPromptChars:
 		m.finish(in, events.StopContextOverflow, nil)
 	default:
-		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentModelCall, CallIndex: len(m.steps),
+		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentModelCall, CallIndex: len(m.fold().Steps),
 			ResultID: in.freshID, ReplayPolicy: m.cfg.modelPolicy})
 	}
 }
@@ -312,15 +331,15 @@ func (m *machine) finish(in input, reason events.StopReason, answer *string) {
 
 func (m *machine) modelCommand() command {
 	return command{kind: cmdCallModel, model: seams.ModelCall{
-		Messages: m.prompt[:len(m.prompt):len(m.prompt)], CallIndex: m.cur.intent.CallIndex, RunID: m.cfg.runID,
-		ResultID: m.cur.intent.ResultID, Binding: m.cfg.binding,
+		Messages: m.prompt[:len(m.prompt):len(m.prompt)], CallIndex: m.fold().Current.Model.CallIndex, RunID: m.cfg.runID,
+		ResultID: m.fold().Current.Model.ResultID, Binding: m.cfg.binding,
 	}}
 }
 
 func (m *machine) executeCommand() command {
 	a, _ := m.parsed().Decision.(seams.Action)
 	return command{kind: cmdExecute, action: seams.ActionCall{
-		Action: a, RunID: m.cfg.runID, StepIdx: m.cur.action.CallIndex, ResultID: m.cur.action.ResultID,
+		Action: a, RunID: m.cfg.runID, StepIdx: m.fold().Current.Action.CallIndex, ResultID: m.fold().Current.Action.ResultID,
 	}}
 }
 
@@ -333,22 +352,22 @@ func (m *machine) announced() bool {
 	if !ok {
 		return false
 	}
-	want := m.cur.action.ToolName
+	want := m.fold().Current.Action.ToolName
 	return want == "" || a.ToolCall != nil && a.ToolCall.Name == want
 }
 
 // continueTail decides, after replay, what the tail of the log asks for:
-// the recovery table, which lives in package recovery.
+// the recovery table, which lives in package recovery, as the fold plans.
 func (m *machine) continueTail(in input) command {
-	if m.finished != nil {
-		return command{kind: cmdDone, result: *m.finished}
+	f := m.fold()
+	if f.Finished != nil {
+		return m.done()
 	}
-	if in.cancelled && m.cur.intent != nil {
+	if in.cancelled && f.Current.Model != nil {
 		m.finish(in, events.StopCancelled, nil)
 		return m.flush()
 	}
-	state, policy := m.tailState()
-	switch recovery.PlanFor(state, policy) {
+	switch plan := f.Plan(); plan {
 	case recovery.PlanNextStep:
 		m.startStep(in)
 	case recovery.PlanCallAgain:
@@ -369,30 +388,13 @@ func (m *machine) continueTail(in input) command {
 	case recovery.PlanReparse:
 		m.afterReply(in)
 	default:
-		return command{kind: cmdFail, err: fmt.Sprintf("no plan for tail state %s", state)}
+		return command{kind: cmdFail, err: fmt.Sprintf("no plan %s for tail state %s", plan, f.State())}
 	}
 	return m.flush()
 }
 
-// tailState is the recovery table's row for the step in progress, and the
-// replay policy of the side effect in doubt.
-func (m *machine) tailState() (recovery.State, events.ReplayPolicy) {
-	c := &m.cur
-	switch {
-	case c.intent == nil:
-		return recovery.BetweenSteps, ""
-	case c.reply == nil && c.failure == nil:
-		return recovery.ModelCallUnknown, c.intent.ReplayPolicy
-	case c.failure != nil:
-		return recovery.KnownFailure, ""
-	case c.action == nil:
-		return recovery.ReplyStored, ""
-	}
-	return recovery.ActionUnknown, c.action.ReplayPolicy
-}
-
 func (m *machine) modelReturned(in input) command {
-	if m.cur.intent == nil || m.cur.reply != nil || m.cur.failure != nil {
+	if cur := &m.fold().Current; cur.Model == nil || cur.Reply != nil || cur.Failure != nil {
 		return command{kind: cmdFail, err: "model return without a pending model call"}
 	}
 	switch {
@@ -407,11 +409,11 @@ func (m *machine) modelReturned(in input) command {
 			failure = fmt.Sprintf("the model's reply is %d bytes, more than the %d a run stores (events.MaxTextBytes)",
 				replyBytes(in.reply), events.MaxTextBytes)
 		}
-		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.cur.intent.ResultID, Failure: &failure})
+		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.fold().Current.Model.ResultID, Failure: &failure})
 		m.modelFailed(in)
 	default:
 		reply := in.reply
-		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.cur.intent.ResultID, Reply: &reply})
+		m.emit(events.ModelCallResult{RunID: m.cfg.runID, ResultID: m.fold().Current.Model.ResultID, Reply: &reply})
 		if in.cancelled {
 			m.finish(in, events.StopCancelled, nil)
 			break
@@ -439,7 +441,7 @@ func (m *machine) modelFailed(in input) {
 // parser cannot take the log with it and a re-parse gets the same answer.
 func (m *machine) parsed() seams.ParsedReply {
 	if m.cur.parsed == nil {
-		p := safeParse(m.cfg.parser, *m.cur.reply)
+		p := safeParse(m.cfg.parser, *m.fold().Current.Reply)
 		m.cur.parsed = &p
 	}
 	return *m.cur.parsed
@@ -528,7 +530,7 @@ func (m *machine) afterReply(in input) {
 			spec, _ := m.cfg.tools.SpecFor(d.ToolCall.Name)
 			policy, tool = spec.ReplayPolicy, spec.Name
 		}
-		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentAction, CallIndex: len(m.steps),
+		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentAction, CallIndex: len(m.fold().Steps),
 			ResultID: in.freshID, ReplayPolicy: policy, ToolName: tool})
 	}
 }
@@ -551,7 +553,7 @@ func (m *machine) rejected(in input, a seams.Action, err error) {
 }
 
 func (m *machine) actionReturned(in input) command {
-	if m.cur.action == nil {
+	if m.fold().Current.Action == nil {
 		return command{kind: cmdFail, err: "action return without a pending action"}
 	}
 	if in.err != nil && in.cancelled {
@@ -574,7 +576,7 @@ func (m *machine) actionReturned(in input) command {
 	out = clipObservation(out)
 	a, _ := m.parsed().Decision.(seams.Action)
 	rec := m.actionRecord(in, a, out)
-	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.cur.action.ResultID, ActionOutcome: &out, Step: rec})
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
 	m.startStep(in) // may stop with env_error or task_completed
 	return m.flush()
 }
@@ -594,14 +596,14 @@ func clipObservation(out events.ActionOutcome) events.ActionOutcome {
 // size, call id and wall time since the model intent was durable.
 func (m *machine) record(in input) events.StepRecord {
 	rec := events.StepRecord{
-		StepIdx:       m.cur.intent.CallIndex,
+		StepIdx:       m.fold().Current.Model.CallIndex,
 		PromptChars:   m.promptChars(),
 		SchemaVersion: events.CurrentSchemaVersion,
 	}
 	if !m.cur.intentAt.IsZero() && in.at.After(m.cur.intentAt) {
 		rec.StepWallMs = in.at.Sub(m.cur.intentAt).Milliseconds()
 	}
-	if r := m.cur.reply; r != nil {
+	if r := m.fold().Current.Reply; r != nil {
 		rec.RawOutput = m.parsed().HistoryText
 		rec.ContentChars = chars(r.Content)
 		rec.ThinkingChars = chars(r.Thinking)

@@ -41,24 +41,14 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	defer release()
 	// The stream is replayed as it is read — one event at a time from a
 	// store that can hand it over so (seams.RunScanner), so a long run is
-	// never held whole beside the state it rebuilds. Only a sound prefix is
-	// replayed, and only while the run's parameters match: the classifier
-	// has the last word once the whole stream was read.
+	// never held whole beside the state it rebuilds. The machine's log
+	// checks each event as it folds it (recovery.Classifier), and has the
+	// last word once the whole stream was read.
 	m := newMachine(cfg)
-	c := recovery.NewClassifier(req.RunID)
-	var (
-		last ulid.ULID
-		diff []string
-	)
+	var last ulid.ULID
 	replay := func(env events.Envelope) error {
-		c.Add(env)
+		m.step(input{kind: inReplayed, env: env})
 		last = env.ID
-		if started, ok := env.Event.(events.RunStarted); ok && c.Events() == 1 {
-			diff = snapshotDiff(started.ParameterSnapshot, cfg.snapshot)
-		}
-		if c.Sound() && len(diff) == 0 && env.Kind != events.KindRunFinished {
-			m.step(input{kind: inReplayed, env: env})
-		}
 		return nil
 	}
 	var loadErr error
@@ -71,20 +61,20 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 			replay(env)
 		}
 	}
-	verdict, err := c.Verdict(loadErr)
+	verdict, err := m.log.Verdict(loadErr)
 	switch {
 	case errors.Is(err, recovery.ErrCorrupt):
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, err)
 	case err != nil:
 		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
-	case c.Events() == 0:
+	case m.log.Events() == 0:
 		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w", req.RunID, ErrRunNotFound)
 	}
 	if verdict.State == recovery.Finished {
 		return *verdict.Result, nil
 	}
-	if len(diff) > 0 {
-		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w:\n  %s", req.RunID, ErrParametersChanged, strings.Join(diff, "\n  "))
+	if len(m.diff) > 0 {
+		return events.RunResult{}, fmt.Errorf("engine: resume %q: %w:\n  %s", req.RunID, ErrParametersChanged, strings.Join(m.diff, "\n  "))
 	}
 	return newDriver(def, req, last).drive(ctx, m)
 }

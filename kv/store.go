@@ -797,7 +797,7 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 			s.highest.key = tail
 		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
-		info.Observe(envs[i])
+		info.Apply(envs[i])
 	}
 	if ekey == nil {
 		ekey = s.layout.entryKey(tx, r.runID) // the run's first event put it on record

@@ -118,7 +118,7 @@ func (s *Store) readRow(ctx context.Context, q session, runID string) (indexRow,
 }
 
 // disagreements are the ways row differs from the summary of its stream
-// (seams.RunInfo.Observe over every event), beyond the length and last
+// (seams.RunInfo.Apply over every event), beyond the length and last
 // key Load compares anyway: none for a row the store wrote. The stream is
 // the truth; a row that disagrees is damage even when it sums to its
 // checksum (a row edited with its checksum, or before the store kept one).

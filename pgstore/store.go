@@ -435,7 +435,7 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 		id := tail
 		ids[i], kinds[i], vals[i], crcs[i] = id[:], string(ev.Kind()), v, int64(sum)
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
-		info.Observe(envs[i])
+		info.Apply(envs[i])
 	}
 	next := newRow(info)
 	q, args := s.q.start, []any{runID, ids, kinds, vals, crcs,
@@ -607,7 +607,7 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 			problem(fmt.Errorf("event %d (%s): its kind column says %v, the value is %s", *seq, key, deref(kind), env.Kind))
 		}
 		if ok {
-			summary.Observe(env)
+			summary.Apply(env)
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -4,13 +4,16 @@
 //
 // Every view is a fold: Apply takes one envelope at a time, and folding a
 // whole stream gives the same view as applying its events one by one, so a
-// live consumer of an EventSink and a reader of a stored stream agree.
-// Folds trust their input: they do not judge whether a stream is sound;
-// that is package recovery's work, and recovery uses RunLog to do it.
+// live consumer of an EventSink and a reader of a stored stream agree. The
+// run's own fold — steps, usage, result — is recovery.Fold, the one the
+// engine runs on; a RunLog adds the records by type. Folds trust their
+// input: they do not judge whether a stream is sound; that is package
+// recovery's Classifier.
 package projections
 
 import (
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -23,11 +26,14 @@ type RunLog struct {
 	Finished     *events.RunFinished
 	// Events counts every envelope applied, including any the fold ignored.
 	Events int
+
+	run recovery.Fold // steps, usage and result
 }
 
 // Apply folds one envelope into the log.
 func (l *RunLog) Apply(env events.Envelope) {
 	l.Events++
+	l.run.Apply(env.Event)
 	switch ev := env.Event.(type) {
 	case events.RunStarted:
 		if l.Started == nil {
@@ -58,39 +64,25 @@ func Fold(stream []events.Envelope) *RunLog {
 // Trajectory returns the step records in stream order. The slice is new and
 // never nil.
 func (l *RunLog) Trajectory() []events.StepRecord {
-	out := make([]events.StepRecord, len(l.Steps))
-	for i, s := range l.Steps {
-		out[i] = s.Step
-	}
-	return out
+	return append(make([]events.StepRecord, 0, len(l.run.Steps)), l.run.Steps...)
 }
 
 // Result returns the run's result with its steps and usage put back from
 // the stream, and false when the run has not finished.
 func (l *RunLog) Result() (events.RunResult, bool) {
-	if l.Finished == nil {
-		return events.RunResult{}, false
+	r, ok := l.run.Result()
+	if ok {
+		r.Steps = l.Trajectory()
 	}
-	r := l.Finished.Result
-	usage := l.Usage()
-	r.Steps, r.Usage = l.Trajectory(), &usage
-	return r, true
+	return r, ok
 }
 
 // Usage sums the token usage of the run's model replies so far (failed
 // calls report none and are not counted).
-func (l *RunLog) Usage() events.UsageTotals {
-	var t events.UsageTotals
-	for _, r := range l.ModelResults {
-		if r.Reply != nil {
-			t.Add(r.Reply.Usage)
-		}
-	}
-	return t
-}
+func (l *RunLog) Usage() events.UsageTotals { return l.run.Usage }
 
 // Summarize is a run's index entry (what a store's index keeps for
-// listings), folded from its stream with seams.RunInfo.Observe — the fold
+// listings), folded from its stream with seams.RunInfo.Apply — the fold
 // every store applies to each event it writes.
 func Summarize(stream []events.Envelope) seams.RunInfo {
 	var info seams.RunInfo
@@ -98,7 +90,7 @@ func Summarize(stream []events.Envelope) seams.RunInfo {
 		if info.Events == 0 {
 			info.RunID = events.RunIDOf(env.Event)
 		}
-		info.Observe(env)
+		info.Apply(env)
 	}
 	return info
 }

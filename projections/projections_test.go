@@ -79,7 +79,7 @@ func TestFoldingOneAtATimeEqualsFoldingTheStream(t *testing.T) {
 			if i == 0 {
 				sum.RunID = events.RunIDOf(env.Event)
 			}
-			sum.Observe(env)
+			sum.Apply(env)
 		}
 		if !reflect.DeepEqual(&live, projections.Fold(stream)) {
 			t.Fatalf("RunLog differs after %d events", n)

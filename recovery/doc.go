@@ -1,12 +1,15 @@
-// Package recovery reads a run's log for resumption. Check applies the
-// structural rules of a sound stream and returns a *CorruptError listing
-// every broken rule, not just the first. Classify places the tail of a sound
-// log in the recovery table — which side effect, if any, a crash left in
-// doubt — and PlanFor says what Resume does about it. The engine's machine
-// asks PlanFor too, so the table lives in one place. A Classifier is
-// Classify one event at a time, for a reader that streams a run instead of
-// holding it (engine.Resume over a seams.RunScanner); Classify is a loop
-// over it, so both apply the same rules.
+// Package recovery reads a run's log: its fold and its verdict. Fold is the
+// fold of a run's log, one event at a time (Apply) — the steps, the step in
+// progress, the usage, the recorded result, where the tail stands (State)
+// and what Resume does there (Plan). It is the one fold: the engine's
+// machine is made of it, and the projections and readers present it. A
+// Classifier is a Fold with the structural rules of a sound stream checked
+// at each event; its Verdict is a *CorruptError listing every broken rule,
+// not just the first, or the tail's place in the recovery table — which
+// side effect, if any, a crash left in doubt — and the plan (PlanFor).
+// Classify and Check are loops over a Classifier; engine.Resume applies a
+// stream to its machine's Classifier as the store hands it over, so a long
+// run is never held whole.
 //
 // # Torn tails and corruption
 //

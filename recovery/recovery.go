@@ -130,56 +130,47 @@ func Classify(runID string, stream []events.Envelope) (Verdict, error) {
 	return classified(runID, stream).Verdict(nil)
 }
 
-// A Classifier is Classify one event at a time, for a reader that streams a
-// run's events instead of holding them (a resume of a long run): Add each
-// event in order, then Verdict. Sound reports whether the events added so
-// far break no rule, so a caller can stop relying on them at the first
-// that does.
-type Classifier struct{ w walker }
-
-// NewClassifier classifies runID's stream.
-func NewClassifier(runID string) *Classifier { return &Classifier{walker{runID: runID}} }
-
-// Add checks the stream's next event.
-func (c *Classifier) Add(env events.Envelope) { c.w.add(env) }
-
-// Sound reports whether the events added so far break no structural rule.
-func (c *Classifier) Sound() bool { return len(c.w.reasons) == 0 }
-
-// Events is how many events were added.
-func (c *Classifier) Events() int { return c.w.n }
-
-// Verdict is Classify's result for the events added; loadErr is what the
-// store's read returned, as for ClassifyLoaded.
-func (c *Classifier) Verdict(loadErr error) (Verdict, error) {
-	if loadErr == nil {
-		return c.w.verdict()
-	}
-	return Verdict{}, damaged(c.w.runID, loadErr, c.w.reasons)
+// A Classifier is the Fold of a run's log with the structural rules checked
+// at every event: Apply each event in order, then Verdict. An event that
+// breaks a rule is recorded as a reason and, where folding it would muddle
+// the step in progress (a second intent or result), left out of the fold.
+// Sound reports whether the events applied so far break no rule, so a caller
+// can stop relying on them at the first that does. It classifies a stream
+// one event at a time, so a reader streaming a long run need not hold it.
+type Classifier struct {
+	runID   string
+	fold    Fold
+	reasons []string
+	n       int       // events applied
+	prev    ulid.ULID // the last event's key
 }
 
-func (w *walker) verdict() (Verdict, error) {
-	if len(w.reasons) > 0 {
-		return Verdict{}, &CorruptError{RunID: w.runID, Reasons: w.reasons}
+// NewClassifier classifies runID's stream.
+func NewClassifier(runID string) *Classifier { return &Classifier{runID: runID} }
+
+// Fold is the fold of the events applied (those the rules let in).
+func (c *Classifier) Fold() *Fold { return &c.fold }
+
+// Sound reports whether the events applied so far break no structural rule.
+func (c *Classifier) Sound() bool { return len(c.reasons) == 0 }
+
+// Events is how many events were applied.
+func (c *Classifier) Events() int { return c.n }
+
+// Verdict is Classify's result for the events applied; loadErr is what the
+// store's read returned, as for ClassifyLoaded.
+func (c *Classifier) Verdict(loadErr error) (Verdict, error) {
+	if loadErr != nil {
+		return Verdict{}, damaged(c.runID, loadErr, c.reasons)
 	}
-	v := Verdict{RunID: w.runID, Step: w.step, State: w.state(), steps: w.steps}
-	if v.State == Finished {
-		r := *w.result
-		usage := w.usage
-		r.Steps, r.Usage = w.steps, &usage
+	if len(c.reasons) > 0 {
+		return Verdict{}, &CorruptError{RunID: c.runID, Reasons: c.reasons}
+	}
+	f := &c.fold
+	v := Verdict{RunID: c.runID, Step: len(f.Steps), State: f.State(), InDoubt: f.InDoubt(), Plan: f.Plan(), steps: f.Steps}
+	if r, ok := f.Result(); ok {
 		v.Result = &r
 	}
-	switch v.State {
-	case ModelCallUnknown:
-		v.InDoubt = w.model
-	case ActionUnknown:
-		v.InDoubt = w.action
-	}
-	policy := events.ReplayNever
-	if v.InDoubt != nil {
-		policy = v.InDoubt.ReplayPolicy
-	}
-	v.Plan = PlanFor(v.State, policy)
 	return v, nil
 }
 
@@ -214,169 +205,136 @@ func Check(runID string, stream []events.Envelope) error {
 	return err
 }
 
-// walker folds a stream through the structural rules.
-type walker struct {
-	runID    string
-	started  bool
-	finished bool
-	result   *events.RunResult
-	steps    []events.StepRecord
-	step     int // index of the step in progress or next
-	model    *events.Intent
-	reply    bool // model result present
-	failed   bool // model result is a failure
-	action   *events.Intent
-	reasons  []string
-	usage    events.UsageTotals // of the replies
-	n        int                // events added
-	prev     ulid.ULID          // the last event's key
-}
-
-func (w *walker) state() State {
-	switch {
-	case !w.started:
-		return Empty
-	case w.finished:
-		return Finished
-	case w.model == nil:
-		return BetweenSteps
-	case !w.reply:
-		return ModelCallUnknown
-	case w.failed:
-		return KnownFailure
-	case w.action == nil:
-		return ReplyStored
-	}
-	return ActionUnknown
-}
-
 // classified is a Classifier that has checked every event of stream,
 // stored under runID (every event must name that run).
 func classified(runID string, stream []events.Envelope) *Classifier {
 	c := NewClassifier(runID)
 	for _, env := range stream {
-		c.Add(env)
+		c.Apply(env)
 	}
 	return c
 }
 
-func (w *walker) bad(i int, env events.Envelope, format string, a ...any) {
-	w.reasons = append(w.reasons, fmt.Sprintf("event %d (%s %s): %s", i, env.Kind, env.ID, fmt.Sprintf(format, a...)))
+func (c *Classifier) bad(i int, env events.Envelope, format string, a ...any) {
+	c.reasons = append(c.reasons, fmt.Sprintf("event %d (%s %s): %s", i, env.Kind, env.ID, fmt.Sprintf(format, a...)))
 }
 
-// add checks the stream's next event against what came before it.
-func (w *walker) add(env events.Envelope) {
-	i := w.n
-	w.n++
-	defer func() { w.prev = env.ID }()
+// Apply checks the stream's next event against what came before it, and
+// folds it.
+func (c *Classifier) Apply(env events.Envelope) {
+	i := c.n
+	c.n++
+	defer func() { c.prev = env.ID }()
 	if _, ok := env.Event.(events.RunStarted); !ok && i == 0 {
-		w.bad(0, env, "the first event is not run_started")
+		c.bad(0, env, "the first event is not run_started")
 	}
 	if env.Event == nil {
-		w.bad(i, env, "no event")
+		c.bad(i, env, "no event")
 		return
 	}
-	if id := events.RunIDOf(env.Event); id != w.runID {
-		w.bad(i, env, "belongs to run %q, not %q", id, w.runID)
+	if id := events.RunIDOf(env.Event); id != c.runID {
+		c.bad(i, env, "belongs to run %q, not %q", id, c.runID)
 	}
 	if err := env.Event.Validate(); err != nil {
-		w.bad(i, env, "invalid record: %v", err)
+		c.bad(i, env, "invalid record: %v", err)
 	}
-	if i > 0 && env.ID.Compare(w.prev) <= 0 {
-		w.bad(i, env, "key is not after the previous event's key")
+	if i > 0 && env.ID.Compare(c.prev) <= 0 {
+		c.bad(i, env, "key is not after the previous event's key")
 	}
-	if w.finished {
-		w.bad(i, env, "follows run_finished")
+	f := &c.fold
+	if f.Finished != nil {
+		c.bad(i, env, "follows run_finished")
 		return
 	}
+	step, cur := len(f.Steps), &f.Current
+	fold := true
 	switch ev := env.Event.(type) {
 	case events.RunStarted:
 		if i > 0 {
-			w.bad(i, env, "a second run_started")
+			c.bad(i, env, "a second run_started")
 		}
-		w.started = true
 	case events.Intent:
-		w.intent(i, env, ev)
+		fold = c.intent(i, env, ev)
 	case events.ModelCallResult:
+		fold = false
 		switch {
-		case w.model == nil:
-			w.bad(i, env, "model result %q without a model intent", ev.ResultID)
-		case w.reply:
-			w.bad(i, env, "a second model result for step %d", w.step)
-		case ev.ResultID != w.model.ResultID:
-			w.bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, w.model.ResultID)
+		case cur.Model == nil:
+			c.bad(i, env, "model result %q without a model intent", ev.ResultID)
+		case cur.Reply != nil || cur.Failure != nil:
+			c.bad(i, env, "a second model result for step %d", step)
+		case ev.ResultID != cur.Model.ResultID:
+			c.bad(i, env, "model result %q does not match the intent's result id %q", ev.ResultID, cur.Model.ResultID)
 		default:
-			w.reply, w.failed = true, ev.Failure != nil
-			if ev.Reply != nil {
-				w.usage.Add(ev.Reply.Usage)
-			}
+			fold = true
 		}
 	case events.StepCompleted:
-		w.stepCompleted(i, env, ev)
+		c.stepCompleted(i, env, ev)
 	case events.RunFinished:
-		if w.model != nil {
+		if cur.Model != nil {
 			switch ev.Result.StopReason {
 			case events.StopCancelled, events.StopResumeStateUnknown:
 				// A run may stop with a side effect in doubt.
 			default:
-				w.bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, w.step)
+				c.bad(i, env, "run finished (%s) with step %d unfinished", ev.Result.StopReason, step)
 			}
 		}
-		r := ev.Result
-		w.finished, w.result = true, &r
+	}
+	if fold {
+		f.Apply(env.Event)
 	}
 }
 
-func (w *walker) intent(i int, env events.Envelope, ev events.Intent) {
+// intent checks an intent; false leaves it out of the fold.
+func (c *Classifier) intent(i int, env events.Envelope, ev events.Intent) bool {
+	step, cur := len(c.fold.Steps), &c.fold.Current
 	if ev.IntentKind == events.IntentModelCall {
 		switch {
-		case w.model != nil && ev.CallIndex == w.step:
-			w.bad(i, env, "a second model intent for step %d", w.step)
-		case w.model != nil:
-			w.bad(i, env, "model intent for step %d ahead of unfinished step %d", ev.CallIndex, w.step)
-		case ev.CallIndex != w.step:
-			w.bad(i, env, "model intent for step %d, expected step %d: step indexes are not contiguous", ev.CallIndex, w.step)
+		case cur.Model != nil && ev.CallIndex == step:
+			c.bad(i, env, "a second model intent for step %d", step)
+		case cur.Model != nil:
+			c.bad(i, env, "model intent for step %d ahead of unfinished step %d", ev.CallIndex, step)
+		case ev.CallIndex != step:
+			c.bad(i, env, "model intent for step %d, expected step %d: step indexes are not contiguous", ev.CallIndex, step)
 		default:
-			in := ev
-			w.model = &in
+			return true
 		}
-		return
+		return false
 	}
 	switch {
-	case w.model == nil:
-		w.bad(i, env, "action intent for step %d without a model intent", ev.CallIndex)
-	case w.action != nil:
-		w.bad(i, env, "a second action intent for step %d", w.step)
-	case ev.CallIndex != w.step:
-		w.bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, w.step)
-	case !w.reply || w.failed:
-		w.bad(i, env, "action intent for step %d without a model reply", w.step)
+	case cur.Model == nil:
+		c.bad(i, env, "action intent for step %d without a model intent", ev.CallIndex)
+	case cur.Action != nil:
+		c.bad(i, env, "a second action intent for step %d", step)
+	case ev.CallIndex != step:
+		c.bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, step)
+	case cur.Reply == nil:
+		c.bad(i, env, "action intent for step %d without a model reply", step)
 	default:
-		in := ev
-		w.action = &in
+		return true
 	}
+	return false
 }
 
-func (w *walker) stepCompleted(i int, env events.Envelope, ev events.StepCompleted) {
+// stepCompleted checks a step's completion; it is always folded, so the
+// steps after it are checked against the next index.
+func (c *Classifier) stepCompleted(i int, env events.Envelope, ev events.StepCompleted) {
+	step, cur := len(c.fold.Steps), &c.fold.Current
 	switch {
-	case w.model == nil:
-		w.bad(i, env, "step %d completed without a model intent", ev.Step.StepIdx)
-	case ev.Step.StepIdx != w.step:
-		w.bad(i, env, "step index %d, expected %d: step indexes are not contiguous", ev.Step.StepIdx, w.step)
-	case !w.reply:
-		w.bad(i, env, "step %d completed without a model result", w.step)
+	case cur.Model == nil:
+		c.bad(i, env, "step %d completed without a model intent", ev.Step.StepIdx)
+	case ev.Step.StepIdx != step:
+		c.bad(i, env, "step index %d, expected %d: step indexes are not contiguous", ev.Step.StepIdx, step)
+	case cur.Reply == nil && cur.Failure == nil:
+		c.bad(i, env, "step %d completed without a model result", step)
 	}
 	switch {
-	case ev.ResultID != "" && w.action == nil:
-		w.bad(i, env, "step result %q without an action intent", ev.ResultID)
-	case ev.ResultID != "" && ev.ResultID != w.action.ResultID:
-		w.bad(i, env, "step result %q does not match the action intent's %q", ev.ResultID, w.action.ResultID)
-	case ev.ResultID == "" && w.action != nil:
-		w.bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", w.step)
+	case ev.ResultID != "" && cur.Action == nil:
+		c.bad(i, env, "step result %q without an action intent", ev.ResultID)
+	case ev.ResultID != "" && ev.ResultID != cur.Action.ResultID:
+		c.bad(i, env, "step result %q does not match the action intent's %q", ev.ResultID, cur.Action.ResultID)
+	case ev.ResultID == "" && cur.Action != nil:
+		c.bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", step)
 	case ev.ResultID != "" && ev.ActionOutcome == nil:
-		w.bad(i, env, "step %d closes action intent %q without an outcome", w.step, ev.ResultID)
+		c.bad(i, env, "step %d closes action intent %q without an outcome", step, ev.ResultID)
 	}
-	w.steps = append(w.steps, ev.Step)
-	w.step++
-	w.model, w.reply, w.failed, w.action = nil, false, false, nil
 }

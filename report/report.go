@@ -55,8 +55,12 @@ func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
 		info = projections.Summarize(stream)
 		info.RunID = id
 	}
-	v, err := recovery.ClassifyLoaded(info.RunID, stream, loadErr)
-	return Classified(info, v, err, projections.Fold(stream).Usage())
+	c := recovery.NewClassifier(info.RunID)
+	for _, env := range stream {
+		c.Apply(env)
+	}
+	v, err := c.Verdict(loadErr)
+	return Classified(info, v, err, c.Fold().Usage)
 }
 
 // Classified is Classify for a caller that has classified and folded the

@@ -285,9 +285,9 @@ type RunInfo struct {
 	LastID ulid.ULID `msgpack:"last_id" json:"last_id"`
 }
 
-// Observe folds one appended event into the entry: what every store does
+// Apply folds one appended event into the entry: what every store does
 // with each event it writes, so all stores count alike.
-func (r *RunInfo) Observe(env events.Envelope) {
+func (r *RunInfo) Apply(env events.Envelope) {
 	if r.Events == 0 {
 		r.FirstEvent = env.Time()
 		r.Status = StatusRunning

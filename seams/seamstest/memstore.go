@@ -121,7 +121,7 @@ func (m *MemStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	for id, stream := range m.streams {
 		info := seams.RunInfo{RunID: id}
 		for _, st := range stream {
-			info.Observe(st.env)
+			info.Apply(st.env)
 		}
 		out = append(out, info)
 	}

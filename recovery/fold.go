@@ -1,0 +1,116 @@
+package recovery
+
+import "github.com/polyloop/polyloop/events"
+
+// Fold is a run's log folded event by event: the steps completed, the step
+// in progress, the token usage of the replies and the recorded end, and
+// from them where the tail stands (State), what Resume does there (Plan)
+// and the run's result (Result). Apply is its one verb. It is what the
+// engine's machine is made of, what the Classifier checks each event
+// against, and what the projections and readers present; folding a stream
+// event by event gives what folding it whole gives.
+//
+// A Fold trusts its events: a Classifier judges them first.
+type Fold struct {
+	Started bool
+	// Steps are the step records in stream order. A Result shares them.
+	Steps []events.StepRecord
+	// Usage sums the replies' token usage (failed calls report none).
+	Usage events.UsageTotals
+	// Current is the step in progress (all nil between steps).
+	Current Step
+	// Finished is the run's end as recorded (its result without steps or
+	// usage), nil while the run has not finished.
+	Finished *events.RunFinished
+	// Events counts the events applied.
+	Events int
+}
+
+// Step is the step in progress: its model intent (nil between steps), the
+// model call's reply or failure (both nil until it is stored), and the
+// action intent (nil until written).
+type Step struct {
+	Model   *events.Intent
+	Reply   *events.ModelReply
+	Failure *string
+	Action  *events.Intent
+}
+
+// Apply folds one event.
+func (f *Fold) Apply(ev events.Event) {
+	f.Events++
+	switch ev := ev.(type) {
+	case events.RunStarted:
+		f.Started = true
+	case events.Intent:
+		if ev.IntentKind == events.IntentModelCall {
+			f.Current = Step{Model: &ev}
+		} else {
+			f.Current.Action = &ev
+		}
+	case events.ModelCallResult:
+		f.Current.Reply, f.Current.Failure = ev.Reply, ev.Failure
+		if ev.Reply != nil {
+			f.Usage.Add(ev.Reply.Usage)
+		}
+	case events.StepCompleted:
+		f.Steps = append(f.Steps, ev.Step)
+		f.Current = Step{}
+	case events.RunFinished:
+		f.Finished = &ev
+	}
+}
+
+// State is the recovery table's row for the tail.
+func (f *Fold) State() State {
+	c := &f.Current
+	switch {
+	case !f.Started:
+		return Empty
+	case f.Finished != nil:
+		return Finished
+	case c.Model == nil:
+		return BetweenSteps
+	case c.Reply == nil && c.Failure == nil:
+		return ModelCallUnknown
+	case c.Failure != nil:
+		return KnownFailure
+	case c.Action == nil:
+		return ReplyStored
+	}
+	return ActionUnknown
+}
+
+// InDoubt is the intent whose side effect's outcome is unknown (in
+// ModelCallUnknown and ActionUnknown), or nil.
+func (f *Fold) InDoubt() *events.Intent {
+	switch f.State() {
+	case ModelCallUnknown:
+		return f.Current.Model
+	case ActionUnknown:
+		return f.Current.Action
+	}
+	return nil
+}
+
+// Plan is what Resume does with the tail (PlanFor its state and the
+// replay policy of the intent in doubt).
+func (f *Fold) Plan() Plan {
+	policy := events.ReplayNever
+	if in := f.InDoubt(); in != nil {
+		policy = in.ReplayPolicy
+	}
+	return PlanFor(f.State(), policy)
+}
+
+// Result is the run's recorded result with its steps (shared with the
+// fold) and usage put back, and false while the run has not finished.
+func (f *Fold) Result() (events.RunResult, bool) {
+	if f.Finished == nil {
+		return events.RunResult{}, false
+	}
+	r := f.Finished.Result
+	usage := f.Usage
+	r.Steps, r.Usage = f.Steps[:len(f.Steps):len(f.Steps)], &usage
+	return r, true
+}
