@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html"
 	"io"
 	"net/http"
@@ -241,6 +242,32 @@ func TestFollowStreamsNewEvents(t *testing.T) {
 	}
 	if strings.Contains(body, "id: 1\n") {
 		t.Fatal("events before ?after= were sent")
+	}
+}
+
+// TestFollowIDsCountTheEventsSent: each server-sent event's id is the
+// number of the run's events up to and including it — the ?after= a client
+// reconnecting after it would send — so the ids run after+1, after+2, ... to
+// the run's last event, each beside that event.
+func TestFollowIDsCountTheEventsSent(t *testing.T) {
+	store, srv := fixture(t)
+	stream, err := store.Load(context.Background(), "evil")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, after := range []int{0, 2} {
+		_, _, body := get(t, fmt.Sprintf("%s/api/follow?run=evil&after=%d", srv.URL, after))
+		var want strings.Builder
+		for i := after; i < len(stream); i++ {
+			b, err := json.Marshal(report.Event(stream[i]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&want, "id: %d\ndata: %s\n\n", i+1, b)
+		}
+		if body != want.String() {
+			t.Errorf("after=%d: the stream sent\n%s\nwant\n%s", after, body, want.String())
+		}
 	}
 }
 
