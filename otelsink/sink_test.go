@@ -236,6 +236,60 @@ func TestFailuresAndBudgetsAreVisible(t *testing.T) {
 	}
 }
 
+// TestContentGoesIntoSpansOnlyWhenIncluded: replies, tool arguments and
+// observations may hold personal or secret data, so no span carries them
+// unless Options.IncludeContent says so; with it, each is on its span.
+func TestContentGoesIntoSpansOnlyWhenIncluded(t *testing.T) {
+	content := map[string]string{ // attribute: the span it belongs on
+		"polyloop.reply.content":     "chat qwen3",
+		"gen_ai.tool.call.arguments": "execute_tool count",
+		"gen_ai.tool.call.result":    "execute_tool count",
+	}
+	for _, include := range []bool{false, true} {
+		got := spans(t, otelsink.Options{IncludeContent: include}, func(sink *otelsink.Sink) {
+			def, req := agent(&seamstest.MemStore{}, sink, script())
+			if r, err := engine.Run(context.Background(), def, req); err != nil || r.StopReason != events.StopAgentFinished {
+				t.Fatalf("%v %v", r.StopReason, err)
+			}
+		})
+		for key, name := range content {
+			values := map[string]bool{}
+			for _, s := range got {
+				if v, ok := attr(s, key); ok {
+					if s.Name != name {
+						t.Errorf("IncludeContent=%v: %s on a %q span", include, key, s.Name)
+					}
+					values[v.AsString()] = true
+				}
+			}
+			if !include && len(values) > 0 {
+				t.Errorf("IncludeContent=false: %s in spans: %v", key, keysOf(values))
+			}
+			if include && len(values) == 0 {
+				t.Errorf("IncludeContent=true: no span carries %s", key)
+			}
+		}
+		if !include {
+			continue
+		}
+		tool := byName(got)["execute_tool count"][0]
+		if v, _ := attr(tool, "gen_ai.tool.call.arguments"); v.AsString() != `{"dir":"a"}` {
+			t.Errorf("the first tool call's arguments: %q", v.AsString())
+		}
+		if v, _ := attr(tool, "gen_ai.tool.call.result"); v.AsString() != "3 files" {
+			t.Errorf("the first tool call's result: %q", v.AsString())
+		}
+	}
+}
+
+func keysOf(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
 // blockedRuns stalls the sink's worker on its first lookup.
 type blockedRuns struct{ release chan struct{} }
 
