@@ -5,9 +5,11 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/resource"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -288,6 +290,50 @@ func keysOf(m map[string]bool) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestAChatSpanLastsAsLongAsItsModelCall: a chat span starts when its
+// call's result id was minted (just before the intent was written), not
+// when the result was: a model call of 20 ms makes a span of 20 ms or more.
+func TestAChatSpanLastsAsLongAsItsModelCall(t *testing.T) {
+	const call = 20 * time.Millisecond
+	got := spans(t, otelsink.Options{}, func(sink *otelsink.Sink) {
+		def, req := agent(&seamstest.MemStore{}, sink, script())
+		def.Model.(*seamstest.Model).OnCall = func(seams.ModelCall) { time.Sleep(call) }
+		if r, err := engine.Run(context.Background(), def, req); err != nil || r.StopReason != events.StopAgentFinished {
+			t.Fatalf("%v %v", r.StopReason, err)
+		}
+	})
+	chats := byName(got)["chat qwen3"]
+	if len(chats) != 4 {
+		t.Fatalf("%d chat spans, want 4", len(chats))
+	}
+	for _, s := range chats {
+		// Both ends are read from ULIDs, in whole milliseconds.
+		if d := s.EndTime.Sub(s.StartTime); d < call-time.Millisecond {
+			t.Errorf("a chat span of a %v model call lasts %v", call, d)
+		}
+	}
+}
+
+// TestTheResourceDescribesTheService: Options.Resource is every span's
+// resource.
+func TestTheResourceDescribesTheService(t *testing.T) {
+	service := resource.NewSchemaless(attribute.String("service.name", "counting-agents"))
+	got := spans(t, otelsink.Options{Resource: service}, func(sink *otelsink.Sink) {
+		def, req := agent(&seamstest.MemStore{}, sink, script())
+		if r, err := engine.Run(context.Background(), def, req); err != nil || r.StopReason != events.StopAgentFinished {
+			t.Fatalf("%v %v", r.StopReason, err)
+		}
+	})
+	if len(got) == 0 {
+		t.Fatal("no spans")
+	}
+	for _, s := range got {
+		if v, ok := s.Resource.Set().Value("service.name"); !ok || v.AsString() != "counting-agents" {
+			t.Fatalf("%s: service.name %q, want the resource's", s.Name, v.AsString())
+		}
+	}
 }
 
 // blockedRuns stalls the sink's worker on its first lookup.
