@@ -557,6 +557,47 @@ func TestCancellationInterruptsAnAction(t *testing.T) {
 	}
 }
 
+// cancelOnModelIntent cancels a run's context while the append holding its
+// first model-call intent is being written: the intent becomes durable, and
+// the run learns of the cancellation only once the append returns.
+type cancelOnModelIntent struct {
+	seams.RunStore
+	cancel context.CancelFunc
+}
+
+func (s cancelOnModelIntent) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
+	for _, ev := range evs {
+		if in, ok := ev.(events.Intent); ok && in.IntentKind == events.IntentModelCall {
+			s.cancel()
+		}
+	}
+	return s.RunStore.Append(ctx, runID, after, evs...)
+}
+
+// TestARunCancelledWhileItsModelIntentIsWrittenNeverCallsTheModel: a run
+// cancelled while the append of its model-call intent is in flight starts
+// no model call: it finishes cancelled with the intent unanswered.
+func TestARunCancelledWhileItsModelIntentIsWrittenNeverCallsTheModel(t *testing.T) {
+	store := openKV(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := newAgent(cancelOnModelIntent{store, cancel}, "cm", seamstest.Replies("FINAL: done")...)
+	r, err := engine.Run(ctx, a.def, a.req)
+	if err != nil || r.StopReason != events.StopCancelled {
+		t.Fatalf("got %v, %v; want a run finished cancelled", r.StopReason, err)
+	}
+	if calls := a.model.Calls(); len(calls) != 0 {
+		t.Fatalf("the model was called %d times after the run was cancelled", len(calls))
+	}
+	var kinds []events.Kind
+	for _, env := range soundLog(t, store, "cm") {
+		kinds = append(kinds, env.Kind)
+	}
+	if want := []events.Kind{events.KindRunStarted, events.KindIntent, events.KindRunFinished}; fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Fatalf("log %v, want %v (the model intent left unanswered)", kinds, want)
+	}
+}
+
 // TestOnlyAnExecutedActionCompletesARun: task_completed means an action was
 // executed and the goal reached; an outcome that claims completion without
 // having executed does not end the run.

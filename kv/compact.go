@@ -9,6 +9,10 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
+// syncDir is syncDirectory, replaced by tests to watch when Compact makes
+// its swap durable.
+var syncDir = syncDirectory
+
 // CompactResult is a compaction's file sizes.
 type CompactResult struct{ Before, After int64 }
 
@@ -26,7 +30,10 @@ type CompactResult struct{ Before, After int64 }
 // the new file (Open notices a file replaced under it and opens again).
 //
 // The new file is built beside the old one, so the directory must have
-// room for both for a moment.
+// room for both for a moment. The swap is durable when Compact returns nil:
+// the directory is synced after the rename (where the platform can sync a
+// directory; not on Windows). An error after the rename says so: the path
+// then holds the new file, but a power cut may bring the old one back.
 func Compact(path string, o Options) (CompactResult, error) {
 	var res CompactResult
 	if o.ReadOnly {
@@ -80,9 +87,11 @@ func Compact(path string, o Options) (CompactResult, error) {
 	if err := os.Rename(name, path); err != nil {
 		return res, fmt.Errorf("kv: compact %s: swap in the new file: %w", path, err)
 	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync() // the rename is durable
-		d.Close()
+	// The rename is durable only once the directory is: until then a power
+	// cut may bring the old file back, and every append after this call
+	// with it lost.
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return res, fmt.Errorf("kv: compact %s: the new file is in place, but syncing its directory failed, so a power cut may bring the old file back: %w", path, err)
 	}
 	if fi, err := f.Stat(); err == nil {
 		res.After = fi.Size()

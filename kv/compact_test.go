@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -121,6 +122,62 @@ func TestCompactKeepsEveryEventByteIdentical(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("60 runs, 54 deleted: %d -> %d bytes", res.Before, res.After)
+}
+
+// TestCompactMakesItsSwapDurable: after renaming the new file over the
+// store, and before it returns, Compact syncs the store's directory —
+// without that a power cut may leave the path naming the old file, and
+// every append made after the compaction lost. A directory sync that fails
+// is Compact's error (the new file is in place, but not durably).
+func TestCompactMakesItsSwapDurable(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tail ulid.ULID
+	for _, ev := range proptest.SoundStream("r") {
+		envs, err := s.Append(ctx, "r", tail, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tail = envs[0].ID
+	}
+	s.Close()
+
+	old, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var afterSwap []string // directories synced once the path named the new file
+	kv.SetSyncDir(t, func(dir string) error {
+		if now, err := os.Stat(path); err == nil && !os.SameFile(old, now) {
+			afterSwap = append(afterSwap, dir)
+		}
+		return kv.SyncDirectory(dir)
+	})
+	if _, err := kv.Compact(path, kv.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(afterSwap, filepath.Dir(path)) {
+		t.Fatalf("Compact returned without syncing %s after the swap (synced after it: %q)", filepath.Dir(path), afterSwap)
+	}
+
+	refused := errors.New("fsync: input/output error")
+	kv.SetSyncDir(t, func(string) error { return refused })
+	_, err = kv.Compact(path, kv.Options{})
+	if !errors.Is(err, refused) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Compact with a failing directory sync returned %v, want an error naming %s and the sync's failure", err, path)
+	}
+	s, err = kv.Open(path, kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, err := s.Load(ctx, "r"); err != nil || len(got) != len(proptest.SoundStream("r")) {
+		t.Fatalf("after the failed sync the store loads %d events (%v)", len(got), err)
+	}
 }
 
 // TestCompactNeedsTheFileToItself: a store open in this process is not

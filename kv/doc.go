@@ -138,7 +138,8 @@
 // reserving the run meanwhile; bbolt reuses the freed pages, so a store
 // whose old runs are deleted (retention.Expire) stops growing. Compact rewrites a file without its
 // free pages into a new file and renames it over the old one, with no
-// process holding the store; an Open that waited for the old file's lock
+// process holding the store, then syncs the directory (where the platform
+// can; not on Windows) so that the swap survives a power cut; an Open that waited for the old file's lock
 // sees the file replaced and opens the new one. DataSize is the bytes in
 // use up to the high-water mark (the file is grown ahead of need).
 //

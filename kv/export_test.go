@@ -30,3 +30,13 @@ func rawUpdate(t *testing.T, path string, change func(tx *bolt.Tx) error) {
 
 // RawUpdate is rawUpdate, for the external tests.
 var RawUpdate = rawUpdate
+
+// SyncDirectory is the directory sync the store uses.
+var SyncDirectory = syncDirectory
+
+// SetSyncDir makes the store sync directories with f until the test ends.
+func SetSyncDir(t *testing.T, f func(dir string) error) {
+	old := syncDir
+	syncDir = f
+	t.Cleanup(func() { syncDir = old })
+}

@@ -24,3 +24,8 @@ func identity(path string, _ os.FileInfo) any {
 
 // mapFile does not map on these platforms: the file check reads.
 func mapFile(*os.File, int64) ([]byte, func()) { return nil, func() {} }
+
+// syncDirectory does nothing on these platforms: a directory cannot be
+// opened for fsync there (Windows refuses to flush a directory handle), so
+// a rename is as durable as the file system makes it.
+func syncDirectory(string) error { return nil }

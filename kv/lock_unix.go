@@ -62,3 +62,14 @@ func mapFile(f *os.File, size int64) (data []byte, unmap func()) {
 	}
 	return data, func() { syscall.Munmap(data) }
 }
+
+// syncDirectory makes the entries of the directory dir durable: once it
+// returns nil, a file renamed or linked into dir is found there after a
+// power cut.
+func syncDirectory(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}

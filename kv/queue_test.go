@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -32,6 +33,47 @@ func TestAnAppendCancelledWhileQueuedWritesNothing(t *testing.T) {
 	if got, err := s.Load(context.Background(), "q"); err != nil || len(got) != 0 {
 		t.Fatalf("a withdrawn append wrote %d events (%v)", len(got), err)
 	}
+}
+
+// TestAnAppendTakenIntoAGroupReportsItsCommit: once a leader has taken an
+// append into a group, that group's commit writes it whatever becomes of
+// the appender's context, so Append waits for the commit and reports its
+// outcome — nil, the events loadable — never the context's error for a
+// write that is durable. (synctest tells when the appender has seen its
+// context end: it is then blocked until the commit, or has returned.)
+func TestAnAppendTakenIntoAGroupReportsItsCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := storeMidCommit(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		res := make(chan error, 1)
+		go func() {
+			_, err := s.Append(ctx, "t", ulid.ULID{}, proptest.SoundStream("t")[:2]...)
+			res <- err
+		}()
+		synctest.Wait() // queued, waiting for the leader
+		s.mu.Lock()
+		group := s.join(nil) // as a leader takes it
+		s.mu.Unlock()
+		if len(group) != 1 {
+			t.Fatalf("%d appends queued, want 1", len(group))
+		}
+		cancel()
+		synctest.Wait() // the appender has seen its context end
+		select {
+		case err := <-res:
+			t.Fatalf("an append taken into a group returned %v before the group committed", err)
+		default:
+		}
+		s.commit(group)
+		if err := <-res; err != nil {
+			t.Fatalf("an append its group committed returned %v", err)
+		}
+		s.endCommit()
+		if got, err := s.Load(context.Background(), "t"); err != nil || len(got) != 2 {
+			t.Fatalf("the committed append loads as %d events (%v), want 2", len(got), err)
+		}
+	})
 }
 
 // TestAppendsQueuedWhileAGroupIsAppliedJoinIt: a commit takes what is

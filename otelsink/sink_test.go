@@ -5,9 +5,11 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/resource"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -233,6 +235,104 @@ func TestFailuresAndBudgetsAreVisible(t *testing.T) {
 	}
 	if v, _ := attr(byName(got)["chat qwen3"][0], "polyloop.reply.content"); v.AsString() != `TOOL count {"dir":"a"}` {
 		t.Fatalf("content with IncludeContent: %q", v.AsString())
+	}
+}
+
+// TestContentGoesIntoSpansOnlyWhenIncluded: replies, tool arguments and
+// observations may hold personal or secret data, so no span carries them
+// unless Options.IncludeContent says so; with it, each is on its span.
+func TestContentGoesIntoSpansOnlyWhenIncluded(t *testing.T) {
+	content := map[string]string{ // attribute: the span it belongs on
+		"polyloop.reply.content":     "chat qwen3",
+		"gen_ai.tool.call.arguments": "execute_tool count",
+		"gen_ai.tool.call.result":    "execute_tool count",
+	}
+	for _, include := range []bool{false, true} {
+		got := spans(t, otelsink.Options{IncludeContent: include}, func(sink *otelsink.Sink) {
+			def, req := agent(&seamstest.MemStore{}, sink, script())
+			if r, err := engine.Run(context.Background(), def, req); err != nil || r.StopReason != events.StopAgentFinished {
+				t.Fatalf("%v %v", r.StopReason, err)
+			}
+		})
+		for key, name := range content {
+			values := map[string]bool{}
+			for _, s := range got {
+				if v, ok := attr(s, key); ok {
+					if s.Name != name {
+						t.Errorf("IncludeContent=%v: %s on a %q span", include, key, s.Name)
+					}
+					values[v.AsString()] = true
+				}
+			}
+			if !include && len(values) > 0 {
+				t.Errorf("IncludeContent=false: %s in spans: %v", key, keysOf(values))
+			}
+			if include && len(values) == 0 {
+				t.Errorf("IncludeContent=true: no span carries %s", key)
+			}
+		}
+		if !include {
+			continue
+		}
+		tool := byName(got)["execute_tool count"][0]
+		if v, _ := attr(tool, "gen_ai.tool.call.arguments"); v.AsString() != `{"dir":"a"}` {
+			t.Errorf("the first tool call's arguments: %q", v.AsString())
+		}
+		if v, _ := attr(tool, "gen_ai.tool.call.result"); v.AsString() != "3 files" {
+			t.Errorf("the first tool call's result: %q", v.AsString())
+		}
+	}
+}
+
+func keysOf(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TestAChatSpanLastsAsLongAsItsModelCall: a chat span starts when its
+// call's result id was minted (just before the intent was written), not
+// when the result was: a model call of 20 ms makes a span of 20 ms or more.
+func TestAChatSpanLastsAsLongAsItsModelCall(t *testing.T) {
+	const call = 20 * time.Millisecond
+	got := spans(t, otelsink.Options{}, func(sink *otelsink.Sink) {
+		def, req := agent(&seamstest.MemStore{}, sink, script())
+		def.Model.(*seamstest.Model).OnCall = func(seams.ModelCall) { time.Sleep(call) }
+		if r, err := engine.Run(context.Background(), def, req); err != nil || r.StopReason != events.StopAgentFinished {
+			t.Fatalf("%v %v", r.StopReason, err)
+		}
+	})
+	chats := byName(got)["chat qwen3"]
+	if len(chats) != 4 {
+		t.Fatalf("%d chat spans, want 4", len(chats))
+	}
+	for _, s := range chats {
+		// Both ends are read from ULIDs, in whole milliseconds.
+		if d := s.EndTime.Sub(s.StartTime); d < call-time.Millisecond {
+			t.Errorf("a chat span of a %v model call lasts %v", call, d)
+		}
+	}
+}
+
+// TestTheResourceDescribesTheService: Options.Resource is every span's
+// resource.
+func TestTheResourceDescribesTheService(t *testing.T) {
+	service := resource.NewSchemaless(attribute.String("service.name", "counting-agents"))
+	got := spans(t, otelsink.Options{Resource: service}, func(sink *otelsink.Sink) {
+		def, req := agent(&seamstest.MemStore{}, sink, script())
+		if r, err := engine.Run(context.Background(), def, req); err != nil || r.StopReason != events.StopAgentFinished {
+			t.Fatalf("%v %v", r.StopReason, err)
+		}
+	})
+	if len(got) == 0 {
+		t.Fatal("no spans")
+	}
+	for _, s := range got {
+		if v, ok := s.Resource.Set().Value("service.name"); !ok || v.AsString() != "counting-agents" {
+			t.Fatalf("%s: service.name %q, want the resource's", s.Name, v.AsString())
+		}
 	}
 }
 

@@ -63,6 +63,8 @@ func TestToolCalls(t *testing.T) {
 		{"the earlier of line and object decides", "{\"final\": \"no\"}\nTOOL list {}", `{"final": "no"}`, seams.FinalAnswer{Text: "no"}},
 		{"TOOL arguments that are not an object", "TOOL pay [1, 2]", "TOOL pay [1, 2]", seams.InvalidDecision{
 			Explanation: "The arguments of TOOL pay are not one JSON object (json: cannot unmarshal array into Go value of type map[string]interface {}). " + toolHelp}},
+		{"TOOL arguments that are null", "TOOL search null", "TOOL search null", seams.InvalidDecision{
+			Explanation: "The arguments of TOOL search are not one JSON object. " + toolHelp}},
 		{"a TOOL line without a name", `TOOL {"a": 1}`, `TOOL {"a": 1}`, seams.InvalidDecision{
 			Explanation: "TOOL needs a tool name before its arguments. " + toolHelp}},
 		{"an object that does not parse", `{"tool": "x", `, `{"tool": "x", `, seams.InvalidDecision{

@@ -275,6 +275,39 @@ func TestRunLocksHoldAcrossProcesses(t *testing.T) {
 	}
 }
 
+// TestThePoolSizeIsResolved: Options.MaxConns when set, else the DSN's
+// pool_max_conns, else DefaultMaxConns.
+func TestThePoolSizeIsResolved(t *testing.T) {
+	u, err := url.Parse(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("pool_max_conns", "5")
+	u.RawQuery = q.Encode()
+	withPoolSize := u.String()
+	for _, c := range []struct {
+		dsn      string
+		maxConns int32
+		want     int32
+	}{
+		{pgtest.DSN(t), 0, pgstore.DefaultMaxConns},
+		{pgtest.DSN(t), 3, 3},
+		{withPoolSize, 0, 5},
+		{withPoolSize, 7, 7},
+	} {
+		s, err := pgstore.Open(context.Background(), c.dsn, pgstore.Options{MaxConns: c.maxConns, Schema: pgtest.Schema(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pgstore.PoolSize(s)
+		s.Close()
+		if got != c.want {
+			t.Errorf("MaxConns %d, DSN with pool_max_conns=%v: a pool of %d, want %d", c.maxConns, c.dsn == withPoolSize, got, c.want)
+		}
+	}
+}
+
 // TestALockedRunNeedsNoSecondConnection: with a pool of one connection, a
 // run this process holds is loaded, appended to and refused through its
 // locked connection (the engine locks before it loads), never waiting for

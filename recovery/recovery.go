@@ -81,6 +81,8 @@ func (p Plan) Describe() string {
 
 // PlanFor is the recovery table: what Resume does in state s, given the
 // replay policy of the side effect in doubt (ignored by the other rows).
+// Only ReplaySafe replays a side effect in doubt; any other policy, an
+// empty or unknown one included, stops the run with resume_state_unknown.
 func PlanFor(s State, policy events.ReplayPolicy) Plan {
 	switch s {
 	case Finished:

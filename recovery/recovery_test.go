@@ -194,6 +194,9 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 	})
 }
 
+// TestPlanForIsTheTable: each state's plan; a side effect in doubt is
+// replayed only under the policy safe — an empty or unknown policy is
+// planned as never (stop with resume_state_unknown), the fail-safe default.
 func TestPlanForIsTheTable(t *testing.T) {
 	cases := []struct {
 		state  recovery.State
@@ -207,6 +210,10 @@ func TestPlanForIsTheTable(t *testing.T) {
 		{recovery.ReplyStored, events.ReplayNever, recovery.PlanReparse},
 		{recovery.ActionUnknown, events.ReplaySafe, recovery.PlanExecuteAgain},
 		{recovery.ActionUnknown, events.ReplayNever, recovery.PlanStopUnknown},
+		{recovery.ModelCallUnknown, "", recovery.PlanStopUnknown},
+		{recovery.ModelCallUnknown, "sometimes", recovery.PlanStopUnknown},
+		{recovery.ActionUnknown, "", recovery.PlanStopUnknown},
+		{recovery.ActionUnknown, "SAFE", recovery.PlanStopUnknown},
 		{recovery.Finished, "", recovery.PlanReturnResult},
 	}
 	for _, c := range cases {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,6 +248,142 @@ func TestFollowStreamsNewEvents(t *testing.T) {
 	}
 	if strings.Contains(body, "id: 1\n") {
 		t.Fatal("events before ?after= were sent")
+	}
+}
+
+// TestFollowIDsCountTheEventsSent: each server-sent event's id is the
+// number of the run's events up to and including it — the ?after= a client
+// reconnecting after it would send — so the ids run after+1, after+2, ... to
+// the run's last event, each beside that event.
+func TestFollowIDsCountTheEventsSent(t *testing.T) {
+	store, srv := fixture(t)
+	stream, err := store.Load(context.Background(), "evil")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, after := range []int{0, 2} {
+		_, _, body := get(t, fmt.Sprintf("%s/api/follow?run=evil&after=%d", srv.URL, after))
+		if want := frames(t, stream, after); body != want {
+			t.Errorf("after=%d: the stream sent\n%s\nwant\n%s", after, body, want)
+		}
+	}
+}
+
+// frames is what the follow endpoint sends for events stream[after:]: an
+// id (the count of events up to and including it) and the event's JSON.
+func frames(t *testing.T, stream []events.Envelope, after int) string {
+	t.Helper()
+	var b strings.Builder
+	for i := after; i < len(stream); i++ {
+		js, err := json.Marshal(report.Event(stream[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "id: %d\ndata: %s\n\n", i+1, js)
+	}
+	return b.String()
+}
+
+// TestFollowWaitsAtTheEndOfARunInProgress: a run not finished is followed
+// past its last event: the stream stays open, polling, until the client
+// leaves — it neither ends nor fails once it has sent every event.
+func TestFollowWaitsAtTheEndOfARunInProgress(t *testing.T) {
+	store, _ := fixture(t)
+	stream, err := store.Load(context.Background(), "doubt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(viewer.New(store, viewer.Options{Poll: time.Millisecond}))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/follow?run=doubt", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	want := frames(t, stream, 0)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
+		t.Fatalf("the stream sent\n%s\n(%v), want\n%s", got, err, want)
+	}
+	time.AfterFunc(50*time.Millisecond, cancel) // dozens of polls finding nothing new
+	rest, err := io.ReadAll(resp.Body)
+	if !errors.Is(err, context.Canceled) || len(rest) != 0 {
+		t.Fatalf("after the last event the stream sent %q and ended with %v, want nothing until the client left", rest, err)
+	}
+}
+
+// failingLoads serves Load from its store until fail is set, then fails;
+// it counts the Loads.
+type failingLoads struct {
+	seams.RunReader
+	fail  atomic.Bool
+	loads atomic.Int32
+}
+
+func (f *failingLoads) Load(ctx context.Context, id string) ([]events.Envelope, error) {
+	f.loads.Add(1)
+	if f.fail.Load() {
+		return nil, errors.New("the store went away")
+	}
+	return f.RunReader.Load(ctx, id)
+}
+
+// TestFollowReportsAStoreThatFailsAndEnds: when a Load fails while a run is
+// followed, the stream sends an error event after the events it sent, and
+// ends; it does not go on polling a store it cannot read.
+func TestFollowReportsAStoreThatFailsAndEnds(t *testing.T) {
+	store, _ := fixture(t)
+	stream, err := store.Load(context.Background(), "doubt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := &failingLoads{RunReader: store}
+	srv := httptest.NewServer(viewer.New(failing, viewer.Options{Poll: time.Millisecond}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/follow?run=doubt", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	want := frames(t, stream, 0)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
+		t.Fatalf("the stream sent\n%s\n(%v), want\n%s", got, err, want)
+	}
+	failing.fail.Store(true)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.HasPrefix(string(rest), "event: error\ndata: ") || !strings.HasSuffix(string(rest), "\n\n") || strings.Count(string(rest), "\n\n") != 1 {
+		t.Fatalf("after the store failed the stream sent %q and ended with %v, want one error event and the end", rest, err)
+	}
+}
+
+// TestAHeadOfFollowDoesNotStream: HEAD of the follow endpoint answers its
+// headers and returns at once, even for a run in progress, which a GET
+// follows until the client leaves: one Load, and no polling after it.
+func TestAHeadOfFollowDoesNotStream(t *testing.T) {
+	store, _ := fixture(t)
+	counting := &failingLoads{RunReader: store}
+	srv := httptest.NewServer(viewer.New(counting, viewer.Options{Poll: time.Millisecond}))
+	defer srv.Close()
+	req, _ := http.NewRequest("HEAD", srv.URL+"/api/follow?run=doubt", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || err != nil || len(b) != 0 {
+		t.Fatalf("HEAD: %d %q, body %q (%v)", resp.StatusCode, resp.Header.Get("Content-Type"), b, err)
+	}
+	time.Sleep(50 * time.Millisecond) // dozens of polls, were it polling
+	if n := counting.loads.Load(); n != 1 {
+		t.Fatalf("HEAD of follow loaded the run %d times, want once", n)
 	}
 }
 
