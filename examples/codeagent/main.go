@@ -26,8 +26,8 @@ import (
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -116,7 +116,7 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 		return events.RunResult{}, err
 	}
 	defer store.Close()
-	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies(script...)}
+	var model seams.ModelClient = &scripted.Model{Turns: scripted.Replies(script...)}
 	if c.url != "" {
 		if model, err = openai.New(openai.Options{BaseURL: c.url, Model: c.model}); err != nil {
 			return events.RunResult{}, err

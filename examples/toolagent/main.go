@@ -27,8 +27,8 @@ import (
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -163,7 +163,7 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 	if err != nil {
 		return events.RunResult{}, err
 	}
-	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies(p.script...)}
+	var model seams.ModelClient = &scripted.Model{Turns: scripted.Replies(p.script...)}
 	if c.url != "" {
 		if model, err = openai.New(openai.Options{BaseURL: c.url, Model: c.model}); err != nil {
 			return events.RunResult{}, err
