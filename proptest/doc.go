@@ -6,7 +6,8 @@
 // the same for seams.RunDeleter; AppendEach, a stream written event by
 // event; SoundStream and
 // FailedModelCall, sample streams holding every record shape; CrashingStore,
-// a store that dies at its n-th append (pebble's errorfs pattern);
+// a store that dies at its n-th append (crashstore.Store, pebble's errorfs
+// pattern);
 // SameSteps, trajectory equality with timing aside; BoltFloor, the raw
 // bbolt write the benchmarks measure against; DamageCorpus, damaged copies
 // of a store file.

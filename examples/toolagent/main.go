@@ -22,11 +22,11 @@ import (
 	"os/signal"
 	"strings"
 
+	"github.com/polyloop/polyloop/crashstore"
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
-	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/stores"
@@ -97,7 +97,7 @@ func main() {
 	defer stop()
 	err := review(ctx, c, os.Stdout)
 	switch {
-	case errors.Is(err, proptest.ErrCrashed):
+	case errors.Is(err, crashstore.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "toolagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
 	case errors.Is(err, errCancelled):
@@ -126,7 +126,7 @@ func review(ctx context.Context, c config, out io.Writer) error {
 	}
 	var runStore seams.RunStore = store
 	if c.crashAfter >= 0 {
-		runStore = &proptest.CrashingStore{Inner: store, After: c.crashAfter}
+		runStore = &crashstore.Store{Inner: store, After: c.crashAfter}
 	}
 	for _, p := range phases {
 		r, err := runPhase(ctx, p, all, db, runStore, c)
