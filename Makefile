@@ -45,7 +45,7 @@ damage:
 # Results: mutation-<pkg>.json and the console; see MUTATION.md.
 GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
 MUTATE   ?= engine events recovery kv seams parsers report retention
-TOPDIRS  := cmd engine events examples kv openai otelsink parsers pgstore projections proptest recovery report retention scripts seams stores viewer
+TOPDIRS  := cmd crashstore engine events examples kv openai otelsink parsers pgstore projections proptest recovery report retention scripted scripts seams stores viewer
 mutate:
 	@for p in $(MUTATE); do \
 		ex=""; for d in $(TOPDIRS); do [ "$$d" = "$$p" ] || ex="$$ex -E ^$$d/"; done; \
