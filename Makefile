@@ -22,12 +22,15 @@ test:
 	$(GO) test -race -count=1 $(PKGS)
 
 # gofmt over every Go file of the tree (no git needed: a ZIP download works
-# too; an empty list is an error, never gofmt reading standard input).
+# too; an empty list is an error, never gofmt reading standard input), go
+# vet, and the import rules (deps_test.go: no command or example links test
+# support, the engine links no store).
 check:
 	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path './testdata/*' -type f); \
 	if [ -z "$$files" ]; then echo "check: no Go files found under $$(pwd)"; exit 1; fi; \
 	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) test -count=1 .
 
 # Property tests with a hundred times CI's generated cases.
 prop:
@@ -49,7 +52,7 @@ damage:
 GREMLINS ?= $(GO) run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
 MUTATE   ?= engine events recovery kv seams parsers report retention viewer otelsink
 WORKERS  ?= 2
-TOPDIRS  := cmd engine events examples kv openai otelsink parsers pgstore projections proptest recovery report retention scripts seams stores viewer
+TOPDIRS  := cmd crashstore engine events examples kv openai otelsink parsers pgstore projections proptest recovery report retention scripted scripts seams stores viewer
 mutate:
 	@for p in $(MUTATE); do \
 		ex=""; for d in $(TOPDIRS); do [ "$$d" = "$$p" ] || ex="$$ex -E ^$$d/"; done; \

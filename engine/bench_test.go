@@ -16,6 +16,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
@@ -110,7 +111,7 @@ func BenchmarkStepLatency(b *testing.B) {
 		var ids events.IDSource
 		for b.Loop() {
 			for _, g := range groups {
-				if err := proptest.BoltFloor(db, &ids, []byte("bench"), g); err != nil {
+				if err := kvtest.BoltFloor(db, &ids, []byte("bench"), g); err != nil {
 					b.Fatal(err)
 				}
 			}

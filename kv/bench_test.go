@@ -16,6 +16,7 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/proptest"
 )
 
@@ -77,7 +78,7 @@ func BenchmarkStep(b *testing.B) {
 			var ids events.IDSource
 			for b.Loop() {
 				for _, g := range groups {
-					if err := proptest.BoltFloor(db, &ids, run, vals[g[0]:g[1]]); err != nil {
+					if err := kvtest.BoltFloor(db, &ids, run, vals[g[0]:g[1]]); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -110,10 +111,10 @@ func BenchmarkConcurrentAppend(b *testing.B) {
 			var ids events.IDSource
 			parallelSteps(b, g, func(w int) error {
 				run := []byte(fmt.Sprint("w", w))
-				if err := proptest.BoltFloor(db, &ids, run, vals[:1]); err != nil {
+				if err := kvtest.BoltFloor(db, &ids, run, vals[:1]); err != nil {
 					return err
 				}
-				return proptest.BoltFloor(db, &ids, run, vals[1:])
+				return kvtest.BoltFloor(db, &ids, run, vals[1:])
 			})
 		})
 		b.Run(fmt.Sprintf("goroutines=%d/polyloop", g), func(b *testing.B) {
@@ -341,7 +342,7 @@ func BenchmarkFreelistSync(b *testing.B) {
 			var ids events.IDSource
 			for b.Loop() {
 				for _, g := range [][]int{{0, 1}, {1, 4}} {
-					if err := proptest.BoltFloor(db, &ids, run, vals[g[0]:g[1]]); err != nil {
+					if err := kvtest.BoltFloor(db, &ids, run, vals[g[0]:g[1]]); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/polyloop/polyloop/kv"
-	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/kv/kvtest"
 )
 
 // openFDs counts this process's open descriptors.
@@ -36,11 +36,11 @@ func mapped(t testing.TB, path string) bool {
 // descriptors than before and no mapping of the file.
 func TestARefusedOpenReleasesTheFile(t *testing.T) {
 	dir, _, whole := sampleStoreFile(t)
-	all, err := proptest.DamageCorpus(whole)
+	all, err := kvtest.DamageCorpus(whole)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var corpus []proptest.Damaged
+	var corpus []kvtest.Damaged
 	for i := 0; i < len(all); i += 7 {
 		corpus = append(corpus, all[i])
 	}

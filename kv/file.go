@@ -2,11 +2,12 @@ package kv
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"os"
+
+	"github.com/polyloop/polyloop/kv/internal/boltpage"
 )
 
 // The file check. bbolt trusts its file: it maps it and follows page ids,
@@ -31,29 +32,15 @@ import (
 // the checks bbolt's own consistency walk makes (tx_check.go) and the
 // layout bbolt writes, so the walk it runs when it rebuilds the freelist
 // finds nothing to panic about. The format is bbolt's on-disk
-// format version 2, in the machine's byte order, as bbolt writes it.
+// format version 2, in the machine's byte order, as bbolt writes it; its
+// offsets, sizes and flags are package boltpage's.
 
-const (
-	pageHeaderSize   = 16 // id u64, flags u16, count u16, overflow u32
-	elemSize         = 16 // branch: pos, ksize u32, pgid u64; leaf: flags, pos, ksize, vsize u32
-	bucketHeaderSize = 16 // root pgid u64, sequence u64
-	metaSize         = 64 // magic, version, pageSize, flags u32; root, sequence, freelist, pgid, txid, checksum u64
+// maxNesting bounds the depth of the walk (tree levels plus nested
+// buckets); sound stores are a few levels deep.
+const maxNesting = 256
 
-	flagBranch     = 0x01
-	flagLeaf       = 0x02
-	flagFreelist   = 0x10
-	bucketLeafFlag = 0x01
-
-	boltMagic   = 0xED0CDAED
-	boltVersion = 2
-	noFreelist  = ^uint64(0)
-
-	// maxNesting bounds the depth of the walk (tree levels plus nested
-	// buckets); sound stores are a few levels deep.
-	maxNesting = 256
-)
-
-var order = binary.NativeEndian
+// order is the file's byte order (package boltpage holds the format).
+var order = boltpage.Order
 
 // meta is a parsed bbolt meta page.
 type meta struct {
@@ -64,15 +51,20 @@ type meta struct {
 
 func parseMeta(page int, b []byte) meta {
 	m := meta{page: page}
-	if len(b) < pageHeaderSize+metaSize {
+	if len(b) < boltpage.HeaderSize+boltpage.MetaSize {
 		return m
 	}
-	b = b[pageHeaderSize:]
-	m.magic, m.version, m.pageSize = order.Uint32(b[0:]), order.Uint32(b[4:]), order.Uint32(b[8:])
-	m.root, m.freelist, m.pgid = order.Uint64(b[16:]), order.Uint64(b[32:]), order.Uint64(b[40:])
-	m.txid, m.checksum = order.Uint64(b[48:]), order.Uint64(b[56:])
+	b = b[boltpage.HeaderSize:]
+	m.magic = order.Uint32(b[boltpage.MetaMagic:])
+	m.version = order.Uint32(b[boltpage.MetaVersion:])
+	m.pageSize = order.Uint32(b[boltpage.MetaPageSize:])
+	m.root = order.Uint64(b[boltpage.MetaRoot:])
+	m.freelist = order.Uint64(b[boltpage.MetaFreelist:])
+	m.pgid = order.Uint64(b[boltpage.MetaPgid:])
+	m.txid = order.Uint64(b[boltpage.MetaTxid:])
+	m.checksum = order.Uint64(b[boltpage.MetaChecksum:])
 	h := fnv.New64a()
-	h.Write(b[:56])
+	h.Write(b[:boltpage.MetaChecksum])
 	m.sum = h.Sum64()
 	return m
 }
@@ -80,16 +72,16 @@ func parseMeta(page int, b []byte) meta {
 // bboltValid reports whether bbolt itself would use this meta page: it
 // checks only magic, version and checksum.
 func (m meta) bboltValid() bool {
-	return m.magic == boltMagic && m.version == boltVersion && m.checksum == m.sum
+	return m.magic == boltpage.Magic && m.version == boltpage.Version && m.checksum == m.sum
 }
 
 // problem says what is wrong with a meta page, or "".
 func (m meta) problem() string {
 	switch {
-	case m.magic != boltMagic:
+	case m.magic != boltpage.Magic:
 		return "not a bbolt meta page (no magic number)"
-	case m.version != boltVersion:
-		return fmt.Sprintf("bbolt format version %d, not %d", m.version, boltVersion)
+	case m.version != boltpage.Version:
+		return fmt.Sprintf("bbolt format version %d, not %d", m.version, boltpage.Version)
 	case m.checksum != m.sum:
 		return "checksum mismatch"
 	case m.pageSize < 1024 || m.pageSize > 1<<24 || m.pageSize&(m.pageSize-1) != 0:
@@ -98,7 +90,7 @@ func (m meta) problem() string {
 		return fmt.Sprintf("transaction %d belongs on meta page %d", m.txid, m.txid%2)
 	case m.pgid < 2 || m.root < 2 || m.root >= m.pgid:
 		return fmt.Sprintf("root page %d outside the file's %d pages", m.root, m.pgid)
-	case m.freelist != noFreelist && (m.freelist < 2 || m.freelist >= m.pgid):
+	case m.freelist != boltpage.NoFreelist && (m.freelist < 2 || m.freelist >= m.pgid):
 		return fmt.Sprintf("freelist page %d outside the file's %d pages", m.freelist, m.pgid)
 	}
 	return ""
@@ -119,7 +111,7 @@ func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (file
 	if size == 0 {
 		return rep, notAStore("the file is empty")
 	}
-	head := make([]byte, pageHeaderSize+metaSize)
+	head := make([]byte, boltpage.HeaderSize+boltpage.MetaSize)
 	n, _ := f.ReadAt(head, 0)
 	m0 := parseMeta(0, head[:n])
 	pageSize := int64(m0.pageSize)
@@ -134,7 +126,7 @@ func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (file
 			}
 		}
 		if pageSize == 0 {
-			if m0.magic != boltMagic {
+			if m0.magic != boltpage.Magic {
 				return rep, notAStore("not a bbolt file (no valid meta page)")
 			}
 			return rep, corrupt("both bbolt meta pages are damaged (meta page 0: %s)", m0.problem())
@@ -144,8 +136,8 @@ func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (file
 		return rep, corrupt("the file is truncated: %d bytes, shorter than its two meta pages", size)
 	}
 	metas := [2]meta{
-		parseMeta(0, readUpTo(f, 0, pageHeaderSize+metaSize)),
-		parseMeta(1, readUpTo(f, pageSize, pageHeaderSize+metaSize)),
+		parseMeta(0, readUpTo(f, 0, boltpage.HeaderSize+boltpage.MetaSize)),
+		parseMeta(1, readUpTo(f, pageSize, boltpage.HeaderSize+boltpage.MetaSize)),
 	}
 	newest := -1
 	for i, m := range metas {
@@ -180,7 +172,7 @@ func checkFile(f io.ReaderAt, data []byte, size int64, allowRollback bool) (file
 	w := &walker{f: f, data: data, pageSize: pageSize, hwm: m.pgid, reached: make([]uint64, (m.pgid+63)/64)}
 	w.mark(0, 1)
 	var free []uint64
-	if m.freelist != noFreelist {
+	if m.freelist != boltpage.NoFreelist {
 		var err error
 		if free, err = w.freelist(m.freelist); err != nil {
 			return rep, err
@@ -314,14 +306,14 @@ func (w *walker) page(id uint64) ([]byte, error) {
 	if id < 2 || id >= w.hwm {
 		return nil, corrupt("bbolt page %d is outside the file's %d pages", id, w.hwm)
 	}
-	head, err := w.read(int64(id)*w.pageSize, pageHeaderSize)
+	head, err := w.read(int64(id)*w.pageSize, boltpage.HeaderSize)
 	if err != nil {
 		return nil, corrupt("bbolt page %d cannot be read: %v", id, err)
 	}
-	if got := order.Uint64(head); got != id {
+	if got := order.Uint64(head[boltpage.PageID:]); got != id {
 		return nil, corrupt("bbolt page %d says it is page %d", id, got)
 	}
-	overflow := uint64(order.Uint32(head[12:]))
+	overflow := uint64(order.Uint32(head[boltpage.PageOverflow:]))
 	if overflow >= w.hwm-id {
 		return nil, corrupt("bbolt page %d overflows past the file's %d pages (%d overflow pages)", id, w.hwm, overflow)
 	}
@@ -342,15 +334,15 @@ func (w *walker) freelist(id uint64) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if flags := order.Uint16(p[8:]); flags != flagFreelist {
+	if flags := order.Uint16(p[boltpage.PageFlags:]); flags != boltpage.FlagFreelist {
 		return nil, corrupt("bbolt freelist page %d has page flags %#x", id, flags)
 	}
-	start, count := uint64(pageHeaderSize), uint64(order.Uint16(p[10:]))
-	if count == 0xFFFF {
-		if len(p) < pageHeaderSize+8 {
+	start, count := uint64(boltpage.HeaderSize), uint64(order.Uint16(p[boltpage.PageCount:]))
+	if count == boltpage.CountOverflow {
+		if len(p) < boltpage.HeaderSize+8 {
 			return nil, corrupt("bbolt freelist page %d is too short", id)
 		}
-		count, start = order.Uint64(p[pageHeaderSize:]), pageHeaderSize+8
+		count, start = order.Uint64(p[boltpage.HeaderSize:]), boltpage.HeaderSize+8
 	}
 	if count > (uint64(len(p))-start)/8 {
 		return nil, corrupt("bbolt freelist page %d lists %d pages, more than it holds", id, count)
@@ -374,10 +366,10 @@ func (w *walker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch flags := order.Uint16(p[8:]); flags {
-	case flagBranch:
+	switch flags := order.Uint16(p[boltpage.PageFlags:]); flags {
+	case boltpage.FlagBranch:
 		return w.branch(id, p, lo, hi, depth)
-	case flagLeaf:
+	case boltpage.FlagLeaf:
 		return w.leaf(where{page: id}, p, lo, hi, depth, false)
 	default:
 		return nil, corrupt("bbolt page %d has page flags %#x where a branch or leaf page belongs", id, flags)
@@ -405,8 +397,8 @@ func (w where) String() string {
 
 // elements returns the count of p's elements once they fit in p.
 func elements(what where, p []byte) (int, error) {
-	count := int(order.Uint16(p[10:]))
-	if pageHeaderSize+count*elemSize > len(p) {
+	count := int(order.Uint16(p[boltpage.PageCount:]))
+	if boltpage.HeaderSize+count*boltpage.ElemSize > len(p) {
 		return 0, corrupt("%s claims %d elements, more than its %d bytes hold", what, count, len(p))
 	}
 	return count, nil
@@ -455,16 +447,17 @@ func (w *walker) branch(id uint64, p, lo, hi []byte, depth int) ([]byte, error) 
 	}
 	keys := make([][]byte, count)
 	children := make([]uint64, count)
-	next := uint64(pageHeaderSize + count*elemSize)
+	next := uint64(boltpage.HeaderSize + count*boltpage.ElemSize)
 	for i := range count {
-		off := pageHeaderSize + i*elemSize
-		if keys[i], err = span(what, p, i, off, order.Uint32(p[off:]), uint64(order.Uint32(p[off+4:])), &next); err != nil {
+		off := boltpage.HeaderSize + i*boltpage.ElemSize
+		pos, ksize := order.Uint32(p[off+boltpage.BranchPos:]), order.Uint32(p[off+boltpage.BranchKeySize:])
+		if keys[i], err = span(what, p, i, off, pos, uint64(ksize), &next); err != nil {
 			return nil, err
 		}
 		if len(keys[i]) == 0 {
 			return nil, corrupt("%s has element %d with an empty key", what, i)
 		}
-		children[i] = order.Uint64(p[off+8:])
+		children[i] = order.Uint64(p[off+boltpage.BranchChild:])
 	}
 	// As bbolt's check does: each element's key lies after the largest
 	// key of the subtree before it, and each subtree within its keys.
@@ -496,10 +489,11 @@ func (w *walker) leaf(what where, p, lo, hi []byte, depth int, inline bool) ([]b
 		return nil, err
 	}
 	prev := lo
-	next := uint64(pageHeaderSize + count*elemSize)
+	next := uint64(boltpage.HeaderSize + count*boltpage.ElemSize)
 	for i := range count {
-		off := pageHeaderSize + i*elemSize
-		flags, pos, ksize, vsize := order.Uint32(p[off:]), order.Uint32(p[off+4:]), order.Uint32(p[off+8:]), order.Uint32(p[off+12:])
+		off := boltpage.HeaderSize + i*boltpage.ElemSize
+		flags, pos := order.Uint32(p[off+boltpage.LeafFlags:]), order.Uint32(p[off+boltpage.LeafPos:])
+		ksize, vsize := order.Uint32(p[off+boltpage.LeafKeySize:]), order.Uint32(p[off+boltpage.LeafValueSize:])
 		kv, err := span(what, p, i, off, pos, uint64(ksize)+uint64(vsize), &next)
 		if err != nil {
 			return nil, err
@@ -514,7 +508,7 @@ func (w *walker) leaf(what where, p, lo, hi []byte, depth int, inline bool) ([]b
 		prev = key
 		switch flags {
 		case 0:
-		case bucketLeafFlag:
+		case boltpage.FlagBucket:
 			if inline {
 				return nil, corrupt("%s holds a bucket, %q, inside an inline bucket", what, key)
 			}
@@ -533,24 +527,24 @@ func (w *walker) leaf(what where, p, lo, hi []byte, depth int, inline bool) ([]b
 
 // bucket checks a bucket header and the tree or inline page it names.
 func (w *walker) bucket(what where, val []byte, depth int) error {
-	if len(val) < bucketHeaderSize {
+	if len(val) < boltpage.BucketHeaderSize {
 		return corrupt("%s: the bucket header is %d bytes", what, len(val))
 	}
-	if root := order.Uint64(val); root != 0 {
+	if root := order.Uint64(val); root != 0 { // the bucket header's root page
 		_, err := w.tree(root, nil, nil, depth)
 		return err
 	}
-	inline := val[bucketHeaderSize:]
-	if len(inline) < pageHeaderSize {
+	inline := val[boltpage.BucketHeaderSize:]
+	if len(inline) < boltpage.HeaderSize {
 		return corrupt("%s: the inline bucket is %d bytes", what, len(inline))
 	}
-	if flags := order.Uint16(inline[8:]); flags != flagLeaf {
+	if flags := order.Uint16(inline[boltpage.PageFlags:]); flags != boltpage.FlagLeaf {
 		return corrupt("%s: the inline bucket has page flags %#x", what, flags)
 	}
 	// bbolt writes an inline page with id and overflow 0, and frees the
 	// page an inline bucket's id names once the bucket outgrows its page:
 	// any other id would free a page in use.
-	if id, overflow := order.Uint64(inline), order.Uint32(inline[12:]); id != 0 || overflow != 0 {
+	if id, overflow := order.Uint64(inline[boltpage.PageID:]), order.Uint32(inline[boltpage.PageOverflow:]); id != 0 || overflow != 0 {
 		return corrupt("%s: the inline bucket's page claims id %d and %d overflow pages, not 0", what, id, overflow)
 	}
 	if depth > maxNesting {

@@ -16,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv/internal/boltpage"
 	"github.com/polyloop/polyloop/proptest"
 )
 
@@ -105,7 +106,7 @@ func (f *pages) newestMeta() meta {
 // freelistPage is the synced freelist's page id.
 func (f *pages) freelistPage(t *testing.T) uint64 {
 	m := f.newestMeta()
-	if m.freelist == noFreelist {
+	if m.freelist == boltpage.NoFreelist {
 		t.Fatal("the freelist was not synced")
 	}
 	return m.freelist
@@ -116,9 +117,9 @@ func (f *pages) hwm(*testing.T) uint64 { return f.newestMeta().pgid }
 
 // value returns the offset in p of the value of the leaf element with key.
 func value(t *testing.T, p []byte, key string) int {
-	for i := range int(order.Uint16(p[10:])) {
-		off := pageHeaderSize + i*elemSize
-		pos, ksize := int(order.Uint32(p[off+4:])), int(order.Uint32(p[off+8:]))
+	for i := range int(order.Uint16(p[boltpage.PageCount:])) {
+		off := boltpage.HeaderSize + i*boltpage.ElemSize
+		pos, ksize := int(order.Uint32(p[off+boltpage.LeafPos:])), int(order.Uint32(p[off+boltpage.LeafKeySize:]))
 		if string(p[off+pos:off+pos+ksize]) == key {
 			return off + pos + ksize
 		}
@@ -141,27 +142,27 @@ func TestTheFileCheckRefusesWhatBboltWouldMisuse(t *testing.T) {
 		{"an inline bucket's page names a real page", false, func(t *testing.T, f *pages) {
 			p := f.page(f.runsRoot)
 			v := value(t, p, "B")
-			order.PutUint64(p[v+bucketHeaderSize:], f.rootA) // the inline page's id
+			order.PutUint64(p[v+boltpage.BucketHeaderSize:], f.rootA) // the inline page's id
 			f.put(f.runsRoot, p)
 		}, "the inline bucket's page claims id"},
 		{"a synced freelist lists a page in use", true, func(t *testing.T, f *pages) {
 			id := f.freelistPage(t)
 			p := f.page(id)
-			order.PutUint16(p[10:], 1)
-			order.PutUint64(p[pageHeaderSize:], f.rootA)
+			order.PutUint16(p[boltpage.PageCount:], 1)
+			order.PutUint64(p[boltpage.HeaderSize:], f.rootA)
 			f.put(id, p)
 		}, "which is in use"},
 		{"a synced freelist claims more entries than its page holds", true, func(t *testing.T, f *pages) {
 			id := f.freelistPage(t)
 			p := f.page(id)
-			order.PutUint16(p[10:], uint16(f.size/8)) // one more than fits after the header
+			order.PutUint16(p[boltpage.PageCount:], uint16(f.size/8)) // one more than fits after the header
 			f.put(id, p)
 		}, "more than it holds"},
 		{"a synced freelist lists the high-water mark", true, func(t *testing.T, f *pages) {
 			id := f.freelistPage(t)
 			p := f.page(id)
-			order.PutUint16(p[10:], 1)
-			order.PutUint64(p[pageHeaderSize:], f.hwm(t))
+			order.PutUint16(p[boltpage.PageCount:], 1)
+			order.PutUint64(p[boltpage.HeaderSize:], f.hwm(t))
 			f.put(id, p)
 		}, "outside the file's"},
 		{"two buckets name one root page", false, func(t *testing.T, f *pages) {
@@ -173,8 +174,8 @@ func TestTheFileCheckRefusesWhatBboltWouldMisuse(t *testing.T) {
 		{"two elements share their data", false, func(t *testing.T, f *pages) {
 			p := f.page(f.runsRoot)
 			// element 1 points at element 0's data
-			e0, e1 := pageHeaderSize, pageHeaderSize+elemSize
-			order.PutUint32(p[e1+4:], uint32(e0+int(order.Uint32(p[e0+4:]))-e1))
+			e0, e1 := boltpage.HeaderSize, boltpage.HeaderSize+boltpage.ElemSize
+			order.PutUint32(p[e1+boltpage.LeafPos:], uint32(e0+int(order.Uint32(p[e0+boltpage.LeafPos:]))-e1))
 			f.put(f.runsRoot, p)
 		}, "overlaps"},
 	}
@@ -435,11 +436,11 @@ func TestAMetaPageBboltWouldStillUseIsNeverRolledBack(t *testing.T) {
 			newest = 1
 		}
 		p := f.page(newest)
-		m := p[pageHeaderSize:]
-		order.PutUint64(m[40:], order.Uint64(m[16:])) // high-water mark = root: the root is past it
+		m := p[boltpage.HeaderSize:]
+		order.PutUint64(m[boltpage.MetaPgid:], order.Uint64(m[boltpage.MetaRoot:])) // high-water mark = root: the root is past it
 		h := fnv.New64a()
-		h.Write(m[:56])
-		order.PutUint64(m[56:], h.Sum64()) // a checksum bbolt accepts
+		h.Write(m[:boltpage.MetaChecksum])
+		order.PutUint64(m[boltpage.MetaChecksum:], h.Sum64()) // a checksum bbolt accepts
 		f.put(newest, p)
 	})
 	for _, o := range []Options{{}, {AllowMetaRollback: true}, {ReadOnly: true, AllowMetaRollback: true}} {

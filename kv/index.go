@@ -3,7 +3,9 @@ package kv
 import (
 	"fmt"
 	"hash/crc32"
+	"time"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
@@ -24,12 +26,26 @@ const (
 	StatusDamaged  = seams.StatusDamaged
 )
 
+// entry is a RunInfo under the names kv stores its fields by: RunInfo's
+// fields, in its order, so each converts to the other (a field added to
+// RunInfo does not compile here until it has a stored name).
+type entry struct {
+	RunID      string            `msgpack:"run_id"`
+	Status     Status            `msgpack:"status"`
+	Steps      int               `msgpack:"steps"`
+	Events     int               `msgpack:"events"`
+	StopReason events.StopReason `msgpack:"stop_reason"`
+	FirstEvent time.Time         `msgpack:"first_event"`
+	LastEvent  time.Time         `msgpack:"last_event"`
+	LastID     ulid.ULID         `msgpack:"last_id"` // zero in entries written before the store kept it
+}
+
 // storedInfo is an index entry as stored: the RunInfo and its CRC-32C
 // (seams.RunInfo.Checksum: its fields and the key it is filed under;
 // absent in entries written before the store kept one).
 type storedInfo struct {
-	RunInfo `msgpack:",inline"`
-	CRC     *uint32 `msgpack:"crc"`
+	entry `msgpack:",inline"`
+	CRC   *uint32 `msgpack:"crc"`
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -65,13 +81,14 @@ func decodeInfo(key, v []byte, runID string) (RunInfo, error) {
 	if err := msgpack.Unmarshal(v, &st); err != nil {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, runID, err)
 	}
-	if st.CRC != nil && *st.CRC != st.RunInfo.Checksum(key) {
+	info := RunInfo(st.entry)
+	if st.CRC != nil && *st.CRC != info.Checksum(key) {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q fails its checksum", ErrCorrupt, runID)
 	}
 	if st.RunID != runID {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q names run %q", ErrCorrupt, runID, st.RunID)
 	}
-	return st.RunInfo, nil
+	return info, nil
 }
 
 // writeInfo stores info, with its checksum, under key (the layout's
@@ -87,7 +104,7 @@ func writeInfo(index *bolt.Bucket, key []byte, info RunInfo) ([]byte, error) {
 // encodeInfo is info as stored under key, with its checksum.
 func encodeInfo(key []byte, info RunInfo) ([]byte, error) {
 	sum := info.Checksum(key)
-	return msgpack.Marshal(&storedInfo{RunInfo: info, CRC: &sum})
+	return msgpack.Marshal(&storedInfo{entry: entry(info), CRC: &sum})
 }
 
 // EncodeMsgpack writes the entry field by field: the bytes msgpack's
@@ -95,7 +112,7 @@ func encodeInfo(key []byte, info RunInfo) ([]byte, error) {
 // holds the two together), without the reflection. The committing leader
 // encodes an entry with every append, inside the group's transaction.
 func (st *storedInfo) EncodeMsgpack(e *msgpack.Encoder) error {
-	r := &st.RunInfo
+	r := &st.entry
 	w := entryWriter{e: e}
 	w.put(e.EncodeMapLen(9))
 	w.str("run_id", r.RunID)

@@ -16,10 +16,7 @@ import (
 
 // reflectedInfo is storedInfo without its EncodeMsgpack: what msgpack's
 // reflection writes for the same fields and tags.
-type reflectedInfo struct {
-	RunInfo `msgpack:",inline"`
-	CRC     *uint32 `msgpack:"crc"`
-}
+type reflectedInfo storedInfo
 
 // The leader encodes index entries by hand; the bytes must be the ones the
 // struct's reflection writes, which every reader decodes.
@@ -45,11 +42,11 @@ func TestTheEntryEncodingIsReflections(t *testing.T) {
 			c := rapid.Uint32().Draw(t, "crc")
 			crc = &c
 		}
-		want, err := msgpack.Marshal(&reflectedInfo{RunInfo: info, CRC: crc})
+		want, err := msgpack.Marshal(&reflectedInfo{entry: entry(info), CRC: crc})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := msgpack.Marshal(&storedInfo{RunInfo: info, CRC: crc})
+		got, err := msgpack.Marshal(&storedInfo{entry: entry(info), CRC: crc})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +65,7 @@ func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk ful
 // reflection's does, instead of a short entry.
 func TestTheEntryEncodingReportsAFailedWrite(t *testing.T) {
 	sum := uint32(7)
-	err := msgpack.NewEncoder(failingWriter{}).Encode(&storedInfo{RunInfo: RunInfo{RunID: "r"}, CRC: &sum})
+	err := msgpack.NewEncoder(failingWriter{}).Encode(&storedInfo{entry: entry{RunID: "r"}, CRC: &sum})
 	if err == nil || !strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("encoding to a failing writer: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -228,7 +229,7 @@ func TestDamageCorpus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	corpus, err := proptest.DamageCorpus(whole)
+	corpus, err := kvtest.DamageCorpus(whole)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +374,7 @@ func tornRunIDs() []string { return []string{"torn-0", "torn-1", "torn-2"} }
 
 // tornCopies copies a store file 150 times while three runs write to it,
 // and returns the copies and the runs' final streams.
-func tornCopies(t *testing.T, dir string) ([]proptest.Damaged, map[string][]string) {
+func tornCopies(t *testing.T, dir string) ([]kvtest.Damaged, map[string][]string) {
 	path := filepath.Join(dir, "torn.db")
 	s, err := kv.Open(path, kv.Options{})
 	if err != nil {
@@ -390,7 +391,7 @@ func tornCopies(t *testing.T, dir string) ([]proptest.Damaged, map[string][]stri
 			}
 		}()
 	}
-	var copies []proptest.Damaged
+	var copies []kvtest.Damaged
 	stop := make(chan struct{})
 	copied := make(chan struct{})
 	go func() {
@@ -402,7 +403,7 @@ func tornCopies(t *testing.T, dir string) ([]proptest.Damaged, map[string][]stri
 			default:
 			}
 			if b, err := os.ReadFile(path); err == nil {
-				copies = append(copies, proptest.Damaged{Name: fmt.Sprintf("copy %d taken during writes", i), Bytes: b, Torn: true})
+				copies = append(copies, kvtest.Damaged{Name: fmt.Sprintf("copy %d taken during writes", i), Bytes: b, Torn: true})
 			}
 			time.Sleep(200 * time.Microsecond)
 		}

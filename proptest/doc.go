@@ -4,12 +4,12 @@
 // Exported, for any test: RunStoreContract, the contract suite every
 // seams.RunStore implementation runs against itself; RunDeleterContract,
 // the same for seams.RunDeleter; AppendEach, a stream written event by
-// event; SoundStream and
-// FailedModelCall, sample streams holding every record shape; CrashingStore,
-// a store that dies at its n-th append (pebble's errorfs pattern);
-// SameSteps, trajectory equality with timing aside; BoltFloor, the raw
-// bbolt write the benchmarks measure against; DamageCorpus, damaged copies
-// of a store file.
+// event; SoundStream and FailedModelCall, sample streams holding every
+// record shape; CrashingStore, a store that dies at its n-th append
+// (crashstore.Store, pebble's errorfs pattern); SameSteps, trajectory
+// equality with timing aside. What knows bbolt's file format — the damage
+// corpus, the raw bbolt floor of the benchmarks — is kv's (kv/kvtest):
+// the harnesses import no store, only the tests do.
 //
 // Its own tests are the recovery promise, checked with pgregory.net/rapid:
 // generated runs crashed at every write — on MemStore, kv and PostgreSQL
@@ -24,5 +24,6 @@
 // opened in child processes (TestDamageCorpus; make damage runs all of it).
 // CI runs 1,000 generated runs per property; make prop runs 100,000.
 //
-// Nothing here runs in production code paths.
+// Nothing here runs in production code paths: no command or example links
+// it (the root's deps_test.go checks).
 package proptest

@@ -270,19 +270,19 @@ const (
 // RunInfo is a run's index entry, which a store maintains in the
 // transaction of every append. Events and LastID anchor the stream: a
 // store's Load refuses a stream with another length or another last key,
-// so an event missing in the middle or at the tail is noticed. (The msgpack
-// names are kv's stored form.)
+// so an event missing in the middle or at the tail is noticed. How a store
+// keeps it is the store's (kv's msgpack entry, pgstore's row).
 type RunInfo struct {
-	RunID      string            `msgpack:"run_id" json:"run_id"`
-	Status     RunStatus         `msgpack:"status" json:"status"`
-	Steps      int               `msgpack:"steps" json:"steps"`
-	Events     int               `msgpack:"events" json:"events"`
-	StopReason events.StopReason `msgpack:"stop_reason" json:"stop_reason"`
-	FirstEvent time.Time         `msgpack:"first_event" json:"first_event"`
-	LastEvent  time.Time         `msgpack:"last_event" json:"last_event"`
+	RunID      string            `json:"run_id"`
+	Status     RunStatus         `json:"status"`
+	Steps      int               `json:"steps"`
+	Events     int               `json:"events"`
+	StopReason events.StopReason `json:"stop_reason"`
+	FirstEvent time.Time         `json:"first_event"`
+	LastEvent  time.Time         `json:"last_event"`
 	// LastID is the key of the stream's last event (zero in kv entries
 	// written before the store kept it).
-	LastID ulid.ULID `msgpack:"last_id" json:"last_id"`
+	LastID ulid.ULID `json:"last_id"`
 }
 
 // Apply folds one appended event into the entry: what every store does

@@ -19,8 +19,9 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -64,14 +65,14 @@ func run(storePath, runID string) error {
 	defer store.Close()
 
 	def := engine.Definition{
-		Model: &seamstest.Model{Turns: seamstest.Replies(
+		Model: &scripted.Model{Turns: scripted.Replies(
 			`TOOL list_files {}`,
 			`TOOL read_file {"name":"notes.txt"}`,
 			`I think I should count the words.`, // not a decision: the parser says so
 			`TOOL count_words {"name":"notes.txt"}`,
 			`TOOL submit {"answer":"notes.txt has 16 words"}`,
 		)},
-		Parser: seamstest.Parser{},
+		Parser: parsers.ToolCalls{},
 		Store:  store,
 	}
 	req := engine.Request{

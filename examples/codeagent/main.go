@@ -21,13 +21,13 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/polyloop/polyloop/crashstore"
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
-	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -67,7 +67,7 @@ func main() {
 	defer stop()
 	r, err := run(ctx, c)
 	switch {
-	case errors.Is(err, proptest.ErrCrashed):
+	case errors.Is(err, crashstore.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "codeagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
 	case err != nil:
@@ -116,7 +116,7 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 		return events.RunResult{}, err
 	}
 	defer store.Close()
-	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies(script...)}
+	var model seams.ModelClient = &scripted.Model{Turns: scripted.Replies(script...)}
 	if c.url != "" {
 		if model, err = openai.New(openai.Options{BaseURL: c.url, Model: c.model}); err != nil {
 			return events.RunResult{}, err
@@ -124,7 +124,7 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 	}
 	var runStore seams.RunStore = store
 	if c.crashAfter >= 0 {
-		runStore = &proptest.CrashingStore{Inner: store, After: c.crashAfter}
+		runStore = &crashstore.Store{Inner: store, After: c.crashAfter}
 	}
 	def, req := agent(model, runStore, c)
 	if c.resume {

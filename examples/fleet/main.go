@@ -22,9 +22,10 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
 const exitBusy = 3
@@ -80,8 +81,8 @@ func work(ctx context.Context, out io.Writer, db, runID string, delay time.Durat
 	for n := range 12 {
 		replies = append(replies, fmt.Sprintf(`TOOL work {"n":%d}`, n))
 	}
-	def := engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(append(replies, "FINAL: twelve units done")...)},
-		Parser: seamstest.Parser{}, Store: store}
+	def := engine.Definition{Model: &scripted.Model{Turns: scripted.Replies(append(replies, "FINAL: twelve units done")...)},
+		Parser: parsers.ToolCalls{}, Store: store}
 	req := engine.Request{RunID: runID, Tools: tools, Executor: tools.Executor(), ModelReplayPolicy: events.ReplaySafe,
 		Budget:  engine.Budget{MaxSteps: 20, MaxActions: 20, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000},
 		Context: engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "Do twelve units of work, then answer.")}}}

@@ -16,8 +16,8 @@ import (
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
 func main() {
@@ -39,7 +39,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies( // offline: a scripted model
+	var model seams.ModelClient = &scripted.Model{Turns: scripted.Replies( // offline: a scripted model
 		`TOOL add {"a": 2, "b": 40}`, `FINAL: 2 + 40 = 42`)}
 	if url := os.Getenv("OPENAI_BASE_URL"); url != "" { // or any OpenAI-compatible endpoint
 		if model, err = openai.New(openai.Options{BaseURL: url, Model: os.Getenv("OPENAI_MODEL")}); err != nil {

@@ -22,13 +22,13 @@ import (
 	"os/signal"
 	"strings"
 
+	"github.com/polyloop/polyloop/crashstore"
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
-	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
-	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -97,7 +97,7 @@ func main() {
 	defer stop()
 	err := review(ctx, c, os.Stdout)
 	switch {
-	case errors.Is(err, proptest.ErrCrashed):
+	case errors.Is(err, crashstore.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "toolagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
 	case errors.Is(err, errCancelled):
@@ -126,7 +126,7 @@ func review(ctx context.Context, c config, out io.Writer) error {
 	}
 	var runStore seams.RunStore = store
 	if c.crashAfter >= 0 {
-		runStore = &proptest.CrashingStore{Inner: store, After: c.crashAfter}
+		runStore = &crashstore.Store{Inner: store, After: c.crashAfter}
 	}
 	for _, p := range phases {
 		r, err := runPhase(ctx, p, all, db, runStore, c)
@@ -163,7 +163,7 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 	if err != nil {
 		return events.RunResult{}, err
 	}
-	var model seams.ModelClient = &seamstest.Model{Turns: seamstest.Replies(p.script...)}
+	var model seams.ModelClient = &scripted.Model{Turns: scripted.Replies(p.script...)}
 	if c.url != "" {
 		if model, err = openai.New(openai.Options{BaseURL: c.url, Model: c.model}); err != nil {
 			return events.RunResult{}, err

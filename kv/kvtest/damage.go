@@ -1,9 +1,10 @@
-package proptest
+package kvtest
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
+
+	"github.com/polyloop/polyloop/kv/internal/boltpage"
 )
 
 // Damaged is one damaged copy of a store file.
@@ -20,12 +21,13 @@ type Damaged struct {
 // 64th byte (a different bit each time), the file truncated at and inside
 // every page, each page zeroed, and each field of both meta pages damaged.
 func DamageCorpus(file []byte) ([]Damaged, error) {
-	if len(file) < 64 {
-		return nil, fmt.Errorf("proptest: a %d-byte file is no bbolt store", len(file))
+	const meta = boltpage.HeaderSize // where a meta page's fields begin
+	if len(file) < meta+boltpage.MetaSize {
+		return nil, fmt.Errorf("kvtest: a %d-byte file is no bbolt store", len(file))
 	}
-	ps := int(binary.NativeEndian.Uint32(file[16+8:])) // the first meta page's page size
+	ps := int(boltpage.Order.Uint32(file[meta+boltpage.MetaPageSize:])) // the first meta page's page size
 	if ps < 1024 || len(file)%ps != 0 {
-		return nil, fmt.Errorf("proptest: page size %d does not fit a %d-byte file", ps, len(file))
+		return nil, fmt.Errorf("kvtest: page size %d does not fit a %d-byte file", ps, len(file))
 	}
 	var out []Damaged
 	add := func(name string, b []byte) { out = append(out, Damaged{Name: name, Bytes: b}) }
@@ -42,16 +44,15 @@ func DamageCorpus(file []byte) ([]Damaged, error) {
 		clear(b[p*ps : (p+1)*ps])
 		add(fmt.Sprintf("page %d zeroed", p), b)
 	}
-	// bbolt's meta page: a 16-byte page header, then magic, version, page
-	// size, flags, root, sequence, freelist, high-water mark, txid, checksum.
 	for m := range 2 {
 		for _, f := range []struct {
 			name string
 			off  int
-		}{{"magic", 16}, {"page size", 16 + 8}, {"root", 16 + 16}, {"freelist", 16 + 32},
-			{"high-water mark", 16 + 40}, {"txid", 16 + 48}, {"checksum", 16 + 56}} {
+		}{{"magic", boltpage.MetaMagic}, {"page size", boltpage.MetaPageSize}, {"root", boltpage.MetaRoot},
+			{"freelist", boltpage.MetaFreelist}, {"high-water mark", boltpage.MetaPgid}, {"txid", boltpage.MetaTxid},
+			{"checksum", boltpage.MetaChecksum}} {
 			b := bytes.Clone(file)
-			b[m*ps+f.off] ^= 0x11
+			b[m*ps+meta+f.off] ^= 0x11
 			add(fmt.Sprintf("meta page %d: %s damaged", m, f.name), b)
 		}
 	}

@@ -1,4 +1,4 @@
-package proptest
+package kvtest
 
 import (
 	"time"

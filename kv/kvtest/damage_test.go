@@ -1,0 +1,121 @@
+package kvtest_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
+)
+
+// TestTheCorpusRefusesWhatIsNoStore: a file too short for a meta page, or
+// whose page size does not divide it, is an error naming what is wrong.
+func TestTheCorpusRefusesWhatIsNoStore(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		file []byte
+		want string
+	}{
+		{"shorter than a meta page", make([]byte, 40), "kvtest: a 40-byte file is no bbolt store"},
+		{"no page size", make([]byte, 4096), "kvtest: page size 0 does not fit a 4096-byte file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := kvtest.DamageCorpus(c.file); err == nil || err.Error() != c.want {
+				t.Fatalf("got %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestEachCopyIsDamagedWhereItsNameSays: a flipped bit differs from the
+// file in that byte alone, a damaged meta field in the field's first byte
+// on its page, a zeroed page only inside that page, a truncated copy is
+// the file's prefix; and the corpus holds every kind for every page.
+func TestEachCopyIsDamagedWhereItsNameSays(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ps = kv.DefaultPageSize
+	corpus, err := kvtest.DamageCorpus(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The meta fields as bbolt lays them out after a page's 16-byte header.
+	metaField := map[string]int{"magic": 16, "page size": 24, "root": 32, "freelist": 48, "high-water mark": 56, "txid": 64, "checksum": 72}
+	kinds := map[string]int{}
+	for _, d := range corpus {
+		var kind string
+		var off, page int
+		var field string
+		switch {
+		case scan(d.Name, "bit %d of byte %d flipped", &page, &off):
+			kind = "bit"
+		case scan(d.Name, "truncated at page %d", &page):
+			kind, off = "truncated", page*ps
+		case scan(d.Name, "truncated inside page %d", &page):
+			kind, off = "truncated", page*ps+ps/2
+		case scan(d.Name, "page %d zeroed", &page):
+			kind = "zeroed"
+		case strings.HasPrefix(d.Name, "meta page "):
+			kind = "meta"
+			rest, _ := strings.CutSuffix(d.Name[len("meta page 0: "):], " damaged")
+			page, field = int(d.Name[len("meta page ")]-'0'), rest
+			f, ok := metaField[field]
+			if !ok {
+				t.Fatalf("%s: no such meta field", d.Name)
+			}
+			off = page*ps + f
+		default:
+			t.Fatalf("a copy named %q", d.Name)
+		}
+		kinds[kind]++
+		b := d.Bytes
+		switch kind {
+		case "bit", "meta":
+			if len(b) != len(file) || b[off] == file[off] || !bytes.Equal(b[:off], file[:off]) || !bytes.Equal(b[off+1:], file[off+1:]) {
+				t.Errorf("%s: not the file with byte %d alone changed", d.Name, off)
+			}
+		case "truncated":
+			if !bytes.Equal(b, file[:off]) {
+				t.Errorf("%s: %d bytes, not the file's first %d", d.Name, len(b), off)
+			}
+		case "zeroed":
+			lo, hi := page*ps, (page+1)*ps
+			if len(b) != len(file) || !bytes.Equal(b[:lo], file[:lo]) || !bytes.Equal(b[hi:], file[hi:]) || !bytes.Equal(b[lo:hi], make([]byte, ps)) {
+				t.Errorf("%s: not the file with page %d zeroed", d.Name, page)
+			}
+		}
+	}
+	pages := len(file) / ps
+	want := map[string]int{"bit": (len(file) + 63) / 64, "truncated": 2 * pages, "zeroed": pages, "meta": 2 * len(metaField)}
+	if fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Fatalf("the corpus of a %d-page file holds %v, want %v", pages, kinds, want)
+	}
+}
+
+// scan reports whether name is format with its numbers filled in.
+func scan(name, format string, a ...any) bool {
+	n, err := fmt.Sscanf(name, format, a...)
+	return err == nil && n == len(a) && fmt.Sprintf(format, deref(a)...) == name
+}
+
+func deref(a []any) []any {
+	out := make([]any, len(a))
+	for i, p := range a {
+		out[i] = *p.(*int)
+	}
+	return out
+}
