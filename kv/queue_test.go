@@ -76,6 +76,40 @@ func TestAnAppendTakenIntoAGroupReportsItsCommit(t *testing.T) {
 	})
 }
 
+// TestAnAppendPromotedToLeaderAsItsContextEndsLeads: an append made the
+// leader (lead's hand-off at the end of a commit) whose context ends at
+// that moment still leads: it commits what is queued, itself first, and
+// reports that — were it to withdraw, nobody would lead and every later
+// append, and Close, would wait forever.
+func TestAnAppendPromotedToLeaderAsItsContextEndsLeads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := storeMidCommit(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		res := make(chan error, 1)
+		go func() {
+			_, err := s.Append(ctx, "p", ulid.ULID{}, proptest.SoundStream("p")[:2]...)
+			res <- err
+		}()
+		synctest.Wait() // queued, waiting for the leader
+		s.mu.Lock()
+		cancel() // the appender wakes for its context, and waits for mu
+		next := s.queue[0]
+		next.lead = true // the commit in progress ends: lead's hand-off
+		close(next.wake)
+		s.mu.Unlock()
+		if err := <-res; err != nil {
+			t.Fatalf("an append promoted to leader returned %v", err)
+		}
+		if got, err := s.Load(context.Background(), "p"); err != nil || len(got) != 2 {
+			t.Fatalf("the promoted append loads as %d events (%v), want 2", len(got), err)
+		}
+		if _, err := s.Append(context.Background(), "after", ulid.ULID{}, proptest.SoundStream("after")[:1]...); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // TestAppendsQueuedWhileAGroupIsAppliedJoinIt: a commit takes what is
 // queued, and whatever is queued while it applies that joins the same
 // transaction, up to MaxGroup, so a busy store's groups are as large as the
