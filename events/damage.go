@@ -8,9 +8,33 @@ import (
 	"github.com/oklog/ulid/v2"
 )
 
+// ErrCorruption is the one corruption marker: every error PolyLoop returns
+// for damage matches it with errors.Is, whichever layer found it — a
+// stream's values that do not decode or fail their checksum and events
+// missing (ErrDamaged, *DamageError), a store's file or index entry damaged
+// (kv.ErrCorrupt, pgstore.ErrCorrupt), a log that breaks a structural rule
+// (recovery.ErrCorrupt). So a caller asks "is this damage?" once, of any
+// store: errors.Is(err, events.ErrCorruption). The specific sentinels say
+// which layer found it; each matches itself and ErrCorruption.
+var ErrCorruption = errors.New("events: corruption")
+
+// NewCorruption returns a new sentinel error with text that matches
+// ErrCorruption (and itself) with errors.Is: a package's own corruption
+// sentinel, as kv.ErrCorrupt is.
+func NewCorruption(text string) error { return &corruption{text} }
+
+// corruption is a corruption sentinel of one layer.
+type corruption struct{ text string }
+
+func (e *corruption) Error() string { return e.text }
+
+// Unwrap returns ErrCorruption.
+func (e *corruption) Unwrap() error { return ErrCorruption }
+
 // ErrDamaged: a stored stream holds values that do not decode or fail their
-// checksum, or events the store's records say it holds are missing.
-var ErrDamaged = errors.New("events: stored stream is damaged")
+// checksum, or events the store's records say it holds are missing. It
+// matches ErrCorruption.
+var ErrDamaged = NewCorruption("events: stored stream is damaged")
 
 // DamageError lists every problem a store found loading a run's stream.
 // Stores return it (wrapped) from Load together with the events that did

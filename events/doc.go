@@ -73,6 +73,9 @@
 // DamageError is how a store reports a stream it could not load whole: the
 // problems (decode errors naming each key, events missing) beside the
 // events that did decode; package recovery lists them as corruption.
+// ErrCorruption is the one corruption marker: a DamageError, kv's and
+// pgstore's ErrCorrupt and recovery's all match it, so "is this damage?"
+// is one errors.Is whatever the store.
 //
 // # Absent values
 //

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/kv/kvtest"
 )
@@ -79,4 +80,45 @@ func TestARefusedOpenReleasesTheFile(t *testing.T) {
 		os.Remove(path)
 	}
 	t.Logf("%d damaged copies: %d refused, %d opens found the file locked", len(corpus), refused, locked)
+}
+
+// TestADamagedFileIsCorruption: a damaged file that Open refuses as
+// ErrCorrupt is refused as corruption (events.ErrCorruption), the marker
+// every layer's damage matches; one that is not a store is not damage.
+func TestADamagedFileIsCorruption(t *testing.T) {
+	dir, _, whole := sampleStoreFile(t)
+	corpus, err := kvtest.DamageCorpus(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for i := range corpus {
+		if !strings.HasPrefix(corpus[i].Name, "meta page") && !strings.HasPrefix(corpus[i].Name, "truncated at page 0") {
+			continue
+		}
+		path := filepath.Join(dir, fmt.Sprintf("c%04d.db", i))
+		if err := os.WriteFile(path, corpus[i].Bytes, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s, err := kv.Open(path, kv.Options{ReadOnly: true})
+		switch {
+		case err == nil:
+			s.Close()
+		case errors.Is(err, kv.ErrCorrupt):
+			counts["corrupt"]++
+			if !errors.Is(err, events.ErrCorruption) {
+				t.Errorf("%s: %v matches kv.ErrCorrupt, not events.ErrCorruption", corpus[i].Name, err)
+			}
+		case errors.Is(err, kv.ErrNotAStore):
+			counts["not a store"]++
+			if errors.Is(err, events.ErrCorruption) {
+				t.Errorf("%s: %v is not a store and matches events.ErrCorruption", corpus[i].Name, err)
+			}
+		}
+		os.Remove(path)
+	}
+	if counts["corrupt"] == 0 || counts["not a store"] == 0 {
+		t.Fatalf("no damaged copy was refused as corrupt, or none as not a store (%v)", counts)
+	}
+	t.Logf("refused: %v", counts)
 }

@@ -410,7 +410,7 @@ func TestAppendRefusesARunItsStoreContradicts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Append(ctx, "A", envs[1].ID, proptest.SoundStream("A")[2]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "last event") {
+			if _, err := s.Append(ctx, "A", envs[1].ID, proptest.SoundStream("A")[2]); !errors.Is(err, ErrCorrupt) || !errors.Is(err, events.ErrCorruption) || !strings.Contains(err.Error(), "last event") {
 				t.Fatalf("append to a run whose index names another tail: %v", err)
 			}
 			want := map[string]string{formatBuckets: "not a stream", formatLog: "no index entry"}[format]
@@ -527,13 +527,13 @@ func TestTheLogNamesWhatContradictsAnAppend(t *testing.T) {
 		damage     func(tx *bolt.Tx, envs []events.Envelope) error
 	}{
 		{"no last key", "names no last event", func(tx *bolt.Tx, envs []events.Envelope) error {
-			return rewriteInfo(tx, func(info *RunInfo) { info.LastID = ulid.ULID{} })
+			return rewriteInfo(tx, "A", func(info *RunInfo) { info.LastID = ulid.ULID{} })
 		}},
 		{"a last key not in the log", "not in the log", func(tx *bolt.Tx, envs []events.Envelope) error {
-			return rewriteInfo(tx, func(info *RunInfo) { info.LastID[15]++ })
+			return rewriteInfo(tx, "A", func(info *RunInfo) { info.LastID[15]++ })
 		}},
 		{"an earlier event as the last", "counts 3 events", func(tx *bolt.Tx, envs []events.Envelope) error {
-			return rewriteInfo(tx, func(info *RunInfo) { info.LastID = envs[1].ID })
+			return rewriteInfo(tx, "A", func(info *RunInfo) { info.LastID = envs[1].ID })
 		}},
 		{"the last event's link damaged", "fails its checksum", func(tx *bolt.Tx, envs []events.Envelope) error {
 			log := tx.Bucket(logBucket)
@@ -604,15 +604,15 @@ func TestTheLogNamesWhatContradictsAnAppend(t *testing.T) {
 	}
 }
 
-// rewriteInfo changes run A's index entry and seals it again, as a writer
+// rewriteInfo changes run's index entry and seals it again, as a writer
 // gone wrong would.
-func rewriteInfo(tx *bolt.Tx, change func(*RunInfo)) error {
-	info, _, err := readInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), "A")
+func rewriteInfo(tx *bolt.Tx, run string, change func(*RunInfo)) error {
+	info, _, err := readInfo(tx.Bucket(indexBucket), entryOf(tx, run), run)
 	if err != nil {
 		return err
 	}
 	change(&info)
-	_, err = writeInfo(tx.Bucket(indexBucket), entryOf(tx, "A"), info)
+	_, err = writeInfo(tx.Bucket(indexBucket), entryOf(tx, run), info)
 	return err
 }
 

@@ -33,8 +33,9 @@ var (
 	// ErrLocked: the file is held by another process, or already open in
 	// this one; the message says which.
 	ErrLocked = errors.New("kv: store file is locked")
-	// ErrCorrupt: the file or a stream in it is damaged.
-	ErrCorrupt = errors.New("kv: store is corrupt")
+	// ErrCorrupt: the file or a stream in it is damaged. It matches
+	// events.ErrCorruption, as every layer's damage does.
+	ErrCorrupt = events.NewCorruption("kv: store is corrupt")
 	// ErrNotAStore: the file is not a PolyLoop store — empty, not a bbolt
 	// file, or a bbolt file of another application. Nothing is written to it.
 	ErrNotAStore = errors.New("kv: not a PolyLoop store")

@@ -10,6 +10,8 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // TestDamagedRowsAreReported: rows changed behind the store's back are
@@ -61,4 +63,28 @@ func TestDamagedRowsAreReported(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEveryDamageIsCorruption: whatever is changed behind the store's
+// back — a value, a column, an event missing or added, the index row —
+// every read reports it as damage (events.ErrCorruption and an
+// *events.DamageError), as every store does.
+func TestEveryDamageIsCorruption(t *testing.T) {
+	sql := func(statement string) func(*testing.T, seams.RunStore, string, []events.Envelope) seams.RunStore {
+		return func(t *testing.T, s seams.RunStore, run string, _ []events.Envelope) seams.RunStore {
+			exec(t, s.(*pgstore.Store).Schema(), statement, run)
+			return s
+		}
+	}
+	proptest.CorruptionContract(t, func(t *testing.T) seams.RunStore { return open(t, pgstore.Options{}) }, []proptest.StoreDamage{
+		{Name: "keys out of order", At: 1, Apply: sql(`UPDATE {{schema}}.events SET id = (SELECT id FROM {{schema}}.events WHERE run_id = $1 AND seq = 1) WHERE run_id = $1 AND seq = 2`)},
+		{Name: "a kind column changed", At: 2, Apply: sql(`UPDATE {{schema}}.events SET kind = 'intent' WHERE run_id = $1 AND seq = 3`)},
+		{Name: "a value byte flipped", At: 3, Apply: sql(`UPDATE {{schema}}.events SET value = set_byte(value, 20, get_byte(value, 20) # 1) WHERE run_id = $1 AND seq = 4`)},
+		{Name: "a crc column changed", At: 5, Apply: sql(`UPDATE {{schema}}.events SET crc = crc # 1 WHERE run_id = $1 AND seq = 6`)},
+		{Name: "an event in the middle deleted", At: 6, Apply: sql(`DELETE FROM {{schema}}.events WHERE run_id = $1 AND seq = 7`)},
+		{Name: "the last event deleted", At: 14, Apply: sql(`DELETE FROM {{schema}}.events WHERE run_id = $1 AND seq = 15`)},
+		{Name: "an event added behind the index", At: 15, Apply: sql(`INSERT INTO {{schema}}.events SELECT run_id, 16, id, kind, value, crc FROM {{schema}}.events WHERE run_id = $1 AND seq = 15`)},
+		{Name: "the index row altered", At: 15, Apply: sql(`UPDATE {{schema}}.runs SET steps = steps + 1 WHERE run_id = $1`)},
+		{Name: "the index row deleted", At: 15, Apply: sql(`DELETE FROM {{schema}}.runs WHERE run_id = $1`)},
+	})
 }

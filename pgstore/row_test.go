@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/projections"
@@ -74,8 +75,8 @@ func TestAnEditedIndexRowIsDamage(t *testing.T) {
 				t.Fatalf("the run lost events: %d left of %d", len(got), len(before))
 			}
 			_, err = s.Append(ctx, "d", before[len(before)-1].ID, proptest.SoundStream("d")[8])
-			if !errors.Is(err, pgstore.ErrCorrupt) || !strings.Contains(err.Error(), `run "d"`) {
-				t.Fatalf("append continuing the run: %v, want ErrCorrupt", err)
+			if !errors.Is(err, pgstore.ErrCorrupt) || !errors.Is(err, events.ErrCorruption) || !strings.Contains(err.Error(), `run "d"`) {
+				t.Fatalf("append continuing the run: %v, want ErrCorrupt (which is corruption)", err)
 			}
 			if err := s.DeleteRun(ctx, "d", true); err != nil {
 				t.Fatalf("forced delete of a damaged run: %v", err)

@@ -46,8 +46,9 @@ var (
 	// version than this package's (newer, or older and the store is
 	// read-only).
 	ErrSchemaVersion = errors.New("pgstore: schema version mismatch")
-	// ErrCorrupt wraps every damage Load and Runs find.
-	ErrCorrupt = errors.New("pgstore: store is corrupt")
+	// ErrCorrupt wraps every damage Load and Runs find. It matches
+	// events.ErrCorruption, as every layer's damage does.
+	ErrCorrupt = events.NewCorruption("pgstore: store is corrupt")
 )
 
 // Options configure Open.

@@ -10,8 +10,9 @@ import (
 	"github.com/polyloop/polyloop/events"
 )
 
-// ErrCorrupt is wrapped by every *CorruptError.
-var ErrCorrupt = errors.New("recovery: log is corrupt")
+// ErrCorrupt is wrapped by every *CorruptError. It matches
+// events.ErrCorruption, as every layer's damage does.
+var ErrCorrupt = events.NewCorruption("recovery: log is corrupt")
 
 // CorruptError lists every structural rule a log breaks.
 type CorruptError struct {

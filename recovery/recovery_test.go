@@ -225,7 +225,8 @@ func TestPlanForIsTheTable(t *testing.T) {
 
 // TestDamageIsACorruptionReason: what a store could not decode is listed
 // in the *CorruptError beside the structural problems of what it could; a
-// store failure stays a store failure.
+// store failure stays a store failure. Both are corruption
+// (events.ErrCorruption), as every layer's damage is.
 func TestDamageIsACorruptionReason(t *testing.T) {
 	stream := prefix(5)
 	damage := &events.DamageError{RunID: "r", Problems: []error{
@@ -239,6 +240,13 @@ func TestDamageIsACorruptionReason(t *testing.T) {
 	}
 	if len(ce.Reasons) < 2 || !strings.Contains(ce.Reasons[0], "checksum mismatch") || !strings.Contains(err.Error(), "without a model reply") {
 		t.Fatalf("reasons %q do not list the damage and the gap it left", ce.Reasons)
+	}
+	if !errors.Is(err, recovery.ErrCorrupt) || !errors.Is(err, events.ErrCorruption) {
+		t.Fatalf("%v matches recovery.ErrCorrupt %t, events.ErrCorruption %t; want both", err,
+			errors.Is(err, recovery.ErrCorrupt), errors.Is(err, events.ErrCorruption))
+	}
+	if err := recovery.Check("r", loaded); !errors.Is(err, recovery.ErrCorrupt) || !errors.Is(err, events.ErrCorruption) {
+		t.Fatalf("a log breaking a structural rule: %v, want it to match recovery.ErrCorrupt and events.ErrCorruption", err)
 	}
 	failure := errors.New("disk unplugged")
 	if _, err := recovery.ClassifyLoaded("r", nil, failure); err != failure {

@@ -97,6 +97,23 @@ func (m *MemStore) Load(ctx context.Context, runID string) ([]events.Envelope, e
 	return r.Stream()
 }
 
+// Damage replaces the value stored for runID's i-th event (from 0) with
+// what change makes of a copy of it, behind the store's back, as a disk
+// would: for tests of what readers make of damage. It reports whether the
+// run holds an i-th event.
+func (m *MemStore) Damage(runID string, i int, change func(value []byte) []byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	stream := m.streams[runID]
+	if i < 0 || i >= len(stream) {
+		return false
+	}
+	stream = slices.Clone(stream) // a Load may be reading the old one
+	stream[i].val = change(slices.Clone(stream[i].val))
+	m.streams[runID] = stream
+	return true
+}
+
 // Transactions is the number of successful Append calls.
 func (m *MemStore) Transactions() uint64 {
 	m.mu.Lock()
