@@ -54,7 +54,7 @@
 // run has a stream and an index entry or neither; it reports every problem
 // at once (an *events.DamageError beside the events that decoded). Runs
 // lists a damaged entry, and a stream whose entry is gone, as
-// StatusDamaged.
+// StatusCorrupt.
 //
 // # Tails and keys
 //

@@ -217,7 +217,7 @@ func TestADeeplyNestedIndexEntryIsDamageNotACrash(t *testing.T) {
 	}
 	defer s.Close()
 	runs, err := s.Runs(context.Background())
-	if err != nil || len(runs) != 1 || runs[0].Status != StatusDamaged {
+	if err != nil || len(runs) != 1 || runs[0].Status != StatusCorrupt {
 		t.Fatalf("Runs: %+v, %v", runs, err)
 	}
 	if _, err := s.Load(context.Background(), "A"); !errors.Is(err, ErrCorrupt) {
@@ -259,7 +259,7 @@ func TestAnAlteredIndexEntryIsDamage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if runs, _ := s.Runs(context.Background()); len(runs) != 1 || runs[0].Status != StatusDamaged {
+	if runs, _ := s.Runs(context.Background()); len(runs) != 1 || runs[0].Status != StatusCorrupt {
 		t.Fatalf("Runs: %+v", runs)
 	}
 	if _, err := s.Load(context.Background(), "A"); !errors.Is(err, ErrCorrupt) {
@@ -491,7 +491,7 @@ func TestARunOutlivesItsIndexEntry(t *testing.T) {
 				if !errors.Is(err, ErrCorrupt) || len(got) != 5 {
 					t.Fatalf("Load: %d events, %v", len(got), err)
 				}
-				if runs, _ := s.Runs(ctx); len(runs) != 2 || runs[0].Status != StatusDamaged {
+				if runs, _ := s.Runs(ctx); len(runs) != 2 || runs[0].Status != StatusCorrupt {
 					t.Fatalf("Runs: %+v", runs)
 				}
 				if err := s.DeleteRun(ctx, "A", true); err != nil {
@@ -594,7 +594,7 @@ func TestTheLogNamesWhatContradictsAnAppend(t *testing.T) {
 			if err := s.db.Update(func(tx *bolt.Tx) error { return damage(tx, envs) }); err != nil {
 				t.Fatal(err)
 			}
-			if runs, err := s.Runs(ctx); err != nil || len(runs) != 1 || runs[0].RunID != "A" || runs[0].Status != StatusDamaged {
+			if runs, err := s.Runs(ctx); err != nil || len(runs) != 1 || runs[0].RunID != "A" || runs[0].Status != StatusCorrupt {
 				t.Fatalf("Runs: %+v, %v (want run A once, damaged)", runs, err)
 			}
 			if _, err := s.Append(ctx, "A", envs[2].ID, proptest.SoundStream("A")[3]); err == nil {

@@ -23,7 +23,7 @@ type (
 const (
 	StatusRunning  = seams.StatusRunning
 	StatusFinished = seams.StatusFinished
-	StatusDamaged  = seams.StatusDamaged
+	StatusCorrupt  = seams.StatusCorrupt
 )
 
 // entry is a RunInfo under the names kv stores its fields by: RunInfo's

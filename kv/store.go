@@ -1014,7 +1014,7 @@ func (s *Store) read(ctx context.Context, runID string, each func(events.Envelop
 
 // Runs lists every run in the index, ordered by run id. An entry that is
 // damaged, and a stream whose entry is missing, are listed with
-// StatusDamaged.
+// StatusCorrupt.
 func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -1034,12 +1034,12 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 					// No run's first key names it: list it by the run it names, damaged.
 					var st storedInfo
 					_ = msgpack.Unmarshal(v, &st)
-					out = append(out, RunInfo{RunID: cmp.Or(st.RunID, fmt.Sprintf("(index entry %x)", k)), Status: StatusDamaged})
+					out = append(out, RunInfo{RunID: cmp.Or(st.RunID, fmt.Sprintf("(index entry %x)", k)), Status: StatusCorrupt})
 					return nil
 				}
 				info, err := decodeInfo(k, v, runID)
 				if err != nil {
-					info = RunInfo{RunID: runID, Status: StatusDamaged}
+					info = RunInfo{RunID: runID, Status: StatusCorrupt}
 				}
 				out = append(out, info)
 				return nil
@@ -1056,7 +1056,7 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 				}
 				for _, id := range orphans {
 					if !listed[id] {
-						out = append(out, RunInfo{RunID: id, Status: StatusDamaged})
+						out = append(out, RunInfo{RunID: id, Status: StatusCorrupt})
 					}
 				}
 			}

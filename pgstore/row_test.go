@@ -60,7 +60,7 @@ func TestAnEditedIndexRowIsDamage(t *testing.T) {
 				t.Errorf("load: %d events decoded, want all %d with the damage", len(got), len(before))
 			}
 			runs, err := s.Runs(ctx)
-			if err != nil || len(runs) != 1 || runs[0] != (seams.RunInfo{RunID: "d", Status: seams.StatusDamaged}) {
+			if err != nil || len(runs) != 1 || runs[0] != (seams.RunInfo{RunID: "d", Status: seams.StatusCorrupt}) {
 				t.Fatalf("runs: %+v (%v), want d listed damaged", runs, err)
 			}
 			err = s.DeleteRun(ctx, "d", false)
@@ -89,7 +89,7 @@ func TestAnEditedIndexRowIsDamage(t *testing.T) {
 }
 
 // TestOrphanedEventsAreListedDamaged: events whose runs row is gone are
-// listed (damaged, in run id order), as kv lists a stream whose index
+// listed (corrupt, in run id order), as kv lists a stream whose index
 // entry is lost, so a store-wide verify loads them and finds the damage.
 func TestOrphanedEventsAreListedDamaged(t *testing.T) {
 	ctx := context.Background()
@@ -107,7 +107,7 @@ func TestOrphanedEventsAreListedDamaged(t *testing.T) {
 	for _, r := range runs {
 		got = append(got, r.RunID+":"+string(r.Status))
 	}
-	if want := "a:finished c:finished d:damaged e:damaged"; strings.Join(got, " ") != want {
+	if want := "a:finished c:finished d:corrupt e:corrupt"; strings.Join(got, " ") != want {
 		t.Fatalf("runs: %s, want %s", strings.Join(got, " "), want)
 	}
 	if _, err := s.Load(ctx, "d"); !errors.Is(err, pgstore.ErrCorrupt) || !strings.Contains(err.Error(), "8 events but no index row") {

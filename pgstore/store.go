@@ -659,7 +659,7 @@ func deref(p *string) any {
 // index rows, ordered by run id (bytewise, as kv orders them), and the
 // runs whose events have no index row. A row that breaks the index's
 // rules or fails its checksum, and a stream without a row, are listed
-// with StatusDamaged (only the run id known), as kv lists them: loading
+// with StatusCorrupt (only the run id known), as kv lists them: loading
 // the run reports the damage.
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
@@ -682,7 +682,7 @@ func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 		}
 		row, _, err := sc.row()
 		if err != nil || sc.status == nil {
-			row.info = seams.RunInfo{RunID: *sc.runID, Status: seams.StatusDamaged}
+			row.info = seams.RunInfo{RunID: *sc.runID, Status: seams.StatusCorrupt}
 		}
 		out = append(out, row.info)
 	}

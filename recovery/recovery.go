@@ -8,6 +8,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // ErrCorrupt is wrapped by every *CorruptError. It matches
@@ -40,6 +41,20 @@ const (
 	ActionUnknown    State = "action_unknown"     // action intent, step not completed
 	Finished         State = "finished"           // RunFinished written
 )
+
+// Status is the run status of a sound log whose tail is in state s:
+// finished, in_doubt where a side effect's outcome is unknown, running
+// otherwise. A state is that status made finer (which breakpoint), never
+// a second word for it.
+func (s State) Status() seams.RunStatus {
+	switch s {
+	case Finished:
+		return seams.StatusFinished
+	case ModelCallUnknown, ActionUnknown:
+		return seams.StatusInDoubt
+	}
+	return seams.StatusRunning
+}
 
 // Plan is what Resume does with a state: a short identifier (for JSON and
 // for programs to compare); Describe says it in words.

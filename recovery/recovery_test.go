@@ -10,6 +10,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 )
 
 func stamp(evs []events.Event) []events.Envelope {
@@ -192,6 +193,28 @@ func TestCorruptionIsRefusedWithEveryReason(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestEachStateHasARunStatus: a tail state is a finer run status, never a
+// second vocabulary for it: finished, in_doubt where the table has a side
+// effect in doubt, running everywhere else.
+func TestEachStateHasARunStatus(t *testing.T) {
+	for _, c := range []struct {
+		state recovery.State
+		want  seams.RunStatus
+	}{
+		{recovery.Empty, seams.StatusRunning},
+		{recovery.BetweenSteps, seams.StatusRunning},
+		{recovery.ModelCallUnknown, seams.StatusInDoubt},
+		{recovery.KnownFailure, seams.StatusRunning},
+		{recovery.ReplyStored, seams.StatusRunning},
+		{recovery.ActionUnknown, seams.StatusInDoubt},
+		{recovery.Finished, seams.StatusFinished},
+	} {
+		if got := c.state.Status(); got != c.want {
+			t.Errorf("%s: status %s, want %s", c.state, got, c.want)
+		}
+	}
 }
 
 // TestPlanForIsTheTable: each state's plan; a side effect in doubt is

@@ -1,7 +1,7 @@
 // Package report is what PolyLoop's readers say about runs — the
-// polyloop-inspect command and the run viewer: a run's listing status from
-// recovery's verdict, filters over listings, and the JSON shapes both
-// print (the same names in `polyloop-inspect … --json` and the viewer's
+// polyloop-inspect command and the run viewer: a run's listing status
+// (a seams.RunStatus) from recovery's verdict, filters over listings, and
+// the JSON shapes both print (the same names in `polyloop-inspect … --json` and the viewer's
 // endpoints). It reads through seams.RunReader, never a particular store.
 //
 // What does not live here: rendering (text tables in cmd/polyloop-inspect,
@@ -22,21 +22,10 @@ import (
 	"github.com/polyloop/polyloop/seams"
 )
 
-// Statuses of a run in listings, from recovery's verdict.
-const (
-	Finished = "finished" // the run ended
-	Running  = "running"  // no end recorded, nothing in doubt: in progress, or resumable
-	InDoubt  = "in_doubt" // a side effect's outcome is unknown
-	Corrupt  = "corrupt"  // the log breaks a structural rule
-)
-
-// Statuses lists them in order.
-var Statuses = []string{Finished, Running, InDoubt, Corrupt}
-
 // Run is one run as a listing shows it.
 type Run struct {
 	Info    seams.RunInfo
-	Status  string
+	Status  seams.RunStatus // from Verdict and Err, not the index
 	Verdict recovery.Verdict
 	Err     error // why the run is corrupt
 	Usage   events.UsageTotals
@@ -66,16 +55,9 @@ func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
 // Classified is Classify for a caller that has classified and folded the
 // stream already (recovery.ClassifyLoaded's v and err, the fold's usage).
 func Classified(info seams.RunInfo, v recovery.Verdict, err error, usage events.UsageTotals) Run {
-	r := Run{Info: info, Verdict: v, Err: err, Usage: usage}
-	switch {
-	case err != nil:
-		r.Status = Corrupt
-	case v.State == recovery.Finished:
-		r.Status = Finished
-	case v.InDoubt != nil:
-		r.Status = InDoubt
-	default:
-		r.Status = Running
+	r := Run{Info: info, Verdict: v, Err: err, Usage: usage, Status: seams.StatusCorrupt}
+	if err == nil {
+		r.Status = v.State.Status()
 	}
 	return r
 }
@@ -116,8 +98,8 @@ func Newest(ctx context.Context, s seams.RunReader) ([]seams.RunInfo, error) {
 
 // Filter selects runs of a listing; the zero value keeps every run.
 type Filter struct {
-	Status     []string // any of these statuses
-	StopReason []string // any of these stop reasons
+	Status     []seams.RunStatus // any of these statuses
+	StopReason []string          // any of these stop reasons
 	Since      time.Time
 	Limit      int // at most this many (the first, i.e. newest); 0: all
 }
@@ -138,7 +120,7 @@ func ParseSince(s string, now time.Time) (time.Time, error) {
 func (f Filter) Check() error {
 	var errs []error
 	for _, s := range f.Status {
-		if !slices.Contains(Statuses, s) {
+		if !slices.Contains(seams.RunStatuses, s) {
 			errs = append(errs, fmt.Errorf("status %q: want finished, running, in_doubt or corrupt", s))
 		}
 	}
@@ -197,7 +179,7 @@ func stampOrNil(t time.Time) *string {
 // RunJSON is a run in listings' JSON.
 type RunJSON struct {
 	RunID       string             `json:"run_id"`
-	Status      string             `json:"status"`
+	Status      seams.RunStatus    `json:"status"`
 	Steps       int                `json:"steps"`
 	Events      int                `json:"events"`
 	StopReason  *events.StopReason `json:"stop_reason"`
@@ -224,7 +206,7 @@ func (r Run) JSON() RunJSON {
 // VerdictJSON is a run's verdict in JSON.
 type VerdictJSON struct {
 	RunID       string             `json:"run_id"`
-	Verdict     string             `json:"verdict"` // finished, resumable, corrupt
+	Verdict     string             `json:"verdict"` // the run's status as a verdict words it: finished, corrupt or Resumable
 	State       *recovery.State    `json:"state"`
 	Step        *int               `json:"step"`
 	Plan        *recovery.Plan     `json:"plan"`
@@ -271,22 +253,35 @@ func Problems(err error) []string {
 	return strings.Split(err.Error(), "\n")
 }
 
+// Resumable is how a verdict words the statuses Resume continues
+// (seams.RunStatus.Resumable: running, in_doubt); a verdict says finished
+// and corrupt as the statuses do.
+const Resumable = "resumable"
+
+// verdictOf is status as a verdict words it.
+func verdictOf(status seams.RunStatus) string {
+	if status.Resumable() {
+		return Resumable
+	}
+	return string(status)
+}
+
 // Verdict is the verdict JSON of runID's stream, classified as v (err: why
 // it is corrupt).
 func Verdict(runID string, stream []events.Envelope, v recovery.Verdict, err error) VerdictJSON {
 	j := VerdictJSON{RunID: runID, EnvErrors: EnvErrors(stream)}
 	if err != nil {
-		j.Verdict, j.Problems = "corrupt", Problems(err)
+		j.Verdict, j.Problems = verdictOf(seams.StatusCorrupt), Problems(err)
 		return j
 	}
 	plan, text := v.Plan, v.Plan.Describe()
 	j.State, j.Plan, j.PlanText = &v.State, &plan, &text
+	j.Verdict = verdictOf(v.State.Status())
 	if v.State == recovery.Finished {
-		j.Verdict = "finished"
 		j.StopReason, j.FinalAnswer = &v.Result.StopReason, v.Result.FinalAnswer
 		return j
 	}
-	j.Verdict, j.Step = "resumable", &v.Step
+	j.Step = &v.Step
 	if in := v.InDoubt; in != nil {
 		d := &InDoubtJSON{Step: in.CallIndex, Kind: in.IntentKind, ResultID: in.ResultID, ReplayPolicy: in.ReplayPolicy}
 		if in.ToolName != "" {

@@ -3,6 +3,7 @@ package report_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -22,14 +23,14 @@ import (
 // TestFilterRules: one row per rule of a listing filter.
 func TestFilterRules(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	run := func(id, status string, reason events.StopReason, started time.Time) report.Run {
+	run := func(id string, status seams.RunStatus, reason events.StopReason, started time.Time) report.Run {
 		return report.Run{Info: seams.RunInfo{RunID: id, StopReason: reason, FirstEvent: started}, Status: status}
 	}
 	runs := []report.Run{ // newest first, as List returns them
-		run("d", report.Corrupt, "", t0.Add(3*time.Hour)),
-		run("c", report.InDoubt, "", t0.Add(2*time.Hour)),
-		run("b", report.Finished, events.StopTaskCompleted, t0.Add(time.Hour)),
-		run("a", report.Finished, events.StopStepBudget, t0),
+		run("d", seams.StatusCorrupt, "", t0.Add(3*time.Hour)),
+		run("c", seams.StatusInDoubt, "", t0.Add(2*time.Hour)),
+		run("b", seams.StatusFinished, events.StopTaskCompleted, t0.Add(time.Hour)),
+		run("a", seams.StatusFinished, events.StopStepBudget, t0),
 	}
 	ids := func(rs []report.Run) string {
 		var out []string
@@ -44,18 +45,18 @@ func TestFilterRules(t *testing.T) {
 		want string
 	}{
 		{"the zero filter keeps all", report.Filter{}, "d,c,b,a"},
-		{"any of several statuses", report.Filter{Status: []string{report.InDoubt, report.Corrupt}}, "d,c"},
+		{"any of several statuses", report.Filter{Status: []seams.RunStatus{seams.StatusInDoubt, seams.StatusCorrupt}}, "d,c"},
 		{"a stop reason", report.Filter{StopReason: []string{"step_budget"}}, "a"},
 		{"since is inclusive", report.Filter{Since: t0.Add(time.Hour)}, "d,c,b"},
 		{"limit keeps the newest", report.Filter{Limit: 2}, "d,c"},
-		{"limit counts kept runs only", report.Filter{Status: []string{report.Finished}, Limit: 1}, "b"},
+		{"limit counts kept runs only", report.Filter{Status: []seams.RunStatus{seams.StatusFinished}, Limit: 1}, "b"},
 	}
 	for _, c := range cases {
 		if got := ids(c.f.Apply(runs)); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 	}
-	for _, bad := range []report.Filter{{Status: []string{"done"}}, {StopReason: []string{"tired"}}, {Limit: -1}} {
+	for _, bad := range []report.Filter{{Status: []seams.RunStatus{"done"}}, {StopReason: []string{"tired"}}, {Limit: -1}} {
 		if bad.Check() == nil {
 			t.Errorf("%+v passed Check", bad)
 		}
@@ -63,7 +64,7 @@ func TestFilterRules(t *testing.T) {
 	if (report.Filter{}).Check() != nil { // limit 0: no limit
 		t.Error("the zero filter failed Check")
 	}
-	if (report.Filter{Status: report.Statuses, StopReason: []string{"token_budget"}, Limit: 3}).Check() != nil {
+	if (report.Filter{Status: seams.RunStatuses, StopReason: []string{"token_budget"}, Limit: 3}).Check() != nil {
 		t.Error("a valid filter failed Check")
 	}
 }
@@ -96,7 +97,7 @@ func TestListClassifiesNewestFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := []string{runs[0].Info.RunID + ":" + runs[0].Status, runs[1].Info.RunID + ":" + runs[1].Status}
+	got := []string{runs[0].Info.RunID + ":" + string(runs[0].Status), runs[1].Info.RunID + ":" + string(runs[1].Status)}
 	if want := []string{"started:running", "sound:finished"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("%v, want %v", got, want)
 	}
@@ -244,3 +245,64 @@ func TestPlural(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// damagedEntries is a store whose index lists some runs damaged, as kv
+// and pgstore list an entry that fails its checksum; loading them reports
+// the damage.
+type damagedEntries struct {
+	*seamstest.MemStore
+	damaged map[string]bool
+}
+
+func (s damagedEntries) Runs(ctx context.Context) ([]seams.RunInfo, error) {
+	infos, err := s.MemStore.Runs(ctx)
+	for i, info := range infos {
+		if s.damaged[info.RunID] {
+			infos[i] = seams.RunInfo{RunID: info.RunID, Status: seams.StatusCorrupt}
+		}
+	}
+	return infos, err
+}
+
+func (s damagedEntries) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	stream, err := s.MemStore.Load(ctx, runID)
+	if s.damaged[runID] {
+		return stream, &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
+	}
+	return stream, err
+}
+
+// TestAListingSpeaksTheIndexsStatuses: a run's status is one word wherever
+// it is read: a listing says finished, running or corrupt exactly where a
+// store's index does (in_doubt is the listing's alone: only the log tells
+// a crash mid-call from a run between steps).
+func TestAListingSpeaksTheIndexsStatuses(t *testing.T) {
+	ctx := context.Background()
+	store := damagedEntries{&seamstest.MemStore{}, map[string]bool{"damaged": true}}
+	sound := func(id string) []events.Event { return proptest.SoundStream(id) }
+	proptest.AppendEach(t, store.MemStore, "finished", sound("finished"))
+	proptest.AppendEach(t, store.MemStore, "running", sound("running")[:5])
+	proptest.AppendEach(t, store.MemStore, "in-doubt", sound("in-doubt")[:4])
+	proptest.AppendEach(t, store.MemStore, "damaged", sound("damaged")[:3])
+	infos, err := store.Runs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexed := map[string]seams.RunStatus{}
+	for _, info := range infos {
+		indexed[info.RunID] = info.Status
+	}
+	runs, err := report.List(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		want := indexed[r.Info.RunID]
+		if r.Info.RunID == "in-doubt" {
+			want = seams.StatusInDoubt
+		}
+		if r.Status != want {
+			t.Errorf("run %q: listed %s, its index says %s", r.Info.RunID, r.Status, indexed[r.Info.RunID])
+		}
+	}
+}

@@ -46,7 +46,7 @@ func Expire(ctx context.Context, s Store, cutoff time.Time) (Result, error) {
 		return res, fmt.Errorf("retention: list runs: %w", err)
 	}
 	for _, r := range runs {
-		if r.Status == seams.StatusDamaged {
+		if r.Status == seams.StatusCorrupt {
 			res.Damaged = append(res.Damaged, r.RunID)
 		}
 		if r.Status != seams.StatusFinished || !r.LastEvent.Before(cutoff) {

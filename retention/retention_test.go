@@ -148,7 +148,7 @@ func (s *damagingStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	runs, err := s.MemStore.Runs(ctx)
 	for i, r := range runs {
 		if r.RunID == s.damaged {
-			runs[i] = seams.RunInfo{RunID: r.RunID, Status: seams.StatusDamaged}
+			runs[i] = seams.RunInfo{RunID: r.RunID, Status: seams.StatusCorrupt}
 		}
 	}
 	return runs, err

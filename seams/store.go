@@ -226,7 +226,7 @@ func (l *RunLocks) LockRun(runID string) (func(), error) {
 type RunReader interface {
 	// Runs lists every run the store's index holds, ordered by run id. An
 	// entry the store finds damaged, and a stream whose entry is lost, are
-	// listed with StatusDamaged.
+	// listed with StatusCorrupt.
 	Runs(ctx context.Context) ([]RunInfo, error)
 	Load(ctx context.Context, runID string) ([]events.Envelope, error)
 }
@@ -253,19 +253,37 @@ type RunFinder interface {
 	HasRun(ctx context.Context, runID string) (bool, error)
 }
 
-// RunStatus is a run's state as a store's index knows it.
+// RunStatus is where a run stands, in the one vocabulary of PolyLoop's
+// stores, readers and commands: a store's index (RunInfo.Status), report's
+// listings, `polyloop-inspect runs --status` and the viewer's ?status=.
 type RunStatus string
 
 const (
-	// StatusRunning: the stream has no RunFinished (the run is in progress,
-	// or crashed and may be resumed).
-	StatusRunning RunStatus = "running"
 	// StatusFinished: the stream ends with RunFinished.
 	StatusFinished RunStatus = "finished"
-	// StatusDamaged: the index entry itself is damaged; only RunID is
-	// known, and loading the run reports the damage.
-	StatusDamaged RunStatus = "damaged"
+	// StatusRunning: the stream has no RunFinished and nothing in doubt:
+	// the run is in progress, or crashed between steps and may be resumed.
+	// A store's index says running of every run without RunFinished.
+	StatusRunning RunStatus = "running"
+	// StatusInDoubt: the stream has no RunFinished and its tail leaves a
+	// side effect's outcome unknown (a crash, or a live run in a call).
+	// Only a reader that classifies the log tells it from StatusRunning
+	// (recovery.State.Status); an index never says it.
+	StatusInDoubt RunStatus = "in_doubt"
+	// StatusCorrupt: the run is damaged: an index entry that fails its
+	// checksum (only RunID is known), a stream whose entry is lost, or a
+	// log a reader found damaged or breaking a structural rule. Loading
+	// the run reports why, with an error matching events.ErrCorruption.
+	StatusCorrupt RunStatus = "corrupt"
 )
+
+// RunStatuses lists every RunStatus, in the order listings explain them.
+var RunStatuses = []RunStatus{StatusFinished, StatusRunning, StatusInDoubt, StatusCorrupt}
+
+// Resumable reports whether a run in status s has no end recorded and a
+// sound log, so engine.Resume continues it (running) or settles the side
+// effect in doubt (in_doubt).
+func (s RunStatus) Resumable() bool { return s == StatusRunning || s == StatusInDoubt }
 
 // RunInfo is a run's index entry, which a store maintains in the
 // transaction of every append. Events and LastID anchor the stream: a

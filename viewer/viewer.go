@@ -108,7 +108,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // filter reads the listing filters from the query.
 func filter(r *http.Request) (report.Filter, error) {
 	q := r.URL.Query()
-	f := report.Filter{Status: nonEmpty(q["status"]), StopReason: nonEmpty(q["stop_reason"])}
+	f := report.Filter{Status: nonEmpty[seams.RunStatus](q["status"]), StopReason: nonEmpty[string](q["stop_reason"])}
 	if s := q.Get("since"); s != "" {
 		t, err := report.ParseSince(s, time.Now())
 		if err != nil {
@@ -126,11 +126,12 @@ func filter(r *http.Request) (report.Filter, error) {
 	return f, f.Check()
 }
 
-func nonEmpty(v []string) []string {
-	var out []string
+// nonEmpty is the values of a query parameter that are not empty.
+func nonEmpty[T ~string](v []string) []T {
+	var out []T
 	for _, s := range v {
 		if s != "" {
-			out = append(out, s)
+			out = append(out, T(s))
 		}
 	}
 	return out
@@ -308,7 +309,7 @@ func jsonString(s string) string {
 
 type runsPage struct {
 	Runs     []report.Run
-	Statuses []string
+	Statuses []seams.RunStatus
 	Reasons  []events.StopReason
 	Filter   report.Filter
 	Query    map[string]string
@@ -324,7 +325,7 @@ func (h *handler) runsPage(w http.ResponseWriter, r *http.Request) {
 	for _, k := range []string{"status", "stop_reason", "since", "limit"} {
 		q[k] = r.URL.Query().Get(k)
 	}
-	h.render(w, "runs.html", runsPage{Runs: runs, Statuses: report.Statuses, Reasons: reasons, Filter: f, Query: q})
+	h.render(w, "runs.html", runsPage{Runs: runs, Statuses: seams.RunStatuses, Reasons: reasons, Filter: f, Query: q})
 }
 
 // stepRow is a step of the timeline.

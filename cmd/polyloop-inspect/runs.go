@@ -30,7 +30,10 @@ func runsFlags(fs *flag.FlagSet, c *call) {
 
 // check validates the flags and fills the report filter.
 func (f *runFilter) check() error {
-	f.Filter = report.Filter{Status: f.status, StopReason: f.stopReason, Limit: f.limit}
+	f.Filter = report.Filter{StopReason: f.stopReason, Limit: f.limit}
+	for _, s := range f.status {
+		f.Status = append(f.Status, seams.RunStatus(s))
+	}
 	if f.since != "" {
 		t, err := report.ParseSince(f.since, time.Now())
 		if err != nil {
@@ -89,7 +92,7 @@ func runsCommand(c *call) int {
 		fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tSTOP REASON\tTOKENS\tSTARTED\tLAST EVENT")
 	}
 	for _, r := range shown {
-		if r.Status == report.Corrupt {
+		if r.Status == seams.StatusCorrupt {
 			corrupt++
 		}
 		if c.json {
