@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"strings"
 
 	"github.com/oklog/ulid/v2"
@@ -73,12 +74,21 @@ type StreamReader struct {
 	// reader keeps none of them (a store's Scan); an error it returns stops
 	// the reader (Stopped) and is what Stream returns.
 	Each func(Envelope) error
-	envs []Envelope
-	bad  []error
-	stop error
+	// Earlier, for a reader handed a stream from its middle (a store's
+	// LoadAfter), yields the values before the first one it is handed,
+	// newest first; a nil value is one the store could not read. The
+	// reader asks for them only when a value refers to the stream's latest
+	// reply before it (references, refs.go), and reads back only as far
+	// as that reply. Nil: the reader is handed the stream from its start.
+	Earlier iter.Seq2[ulid.ULID, []byte]
+	envs    []Envelope
+	bad     []error
+	stop    error
 	// reply is what the stream holds as its latest reply so far, for
-	// values that refer to it.
-	reply streamReply
+	// values that refer to it; with Earlier set, it is known once a reply
+	// or a problem has been read, or Earlier has been.
+	reply      streamReply
+	replyKnown bool
 }
 
 // streamReply is a stream's latest model reply as read so far: its content
@@ -97,13 +107,21 @@ func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
 	if r.stop != nil {
 		return Envelope{}, false
 	}
-	env, err := unmarshal(r.RunID, id, b, &r.reply)
+	reply := &r.reply
+	if r.Earlier != nil && !r.replyKnown {
+		reply = nil // not known yet: a value that needs it says so
+	}
+	env, err := unmarshal(r.RunID, id, b, reply)
+	if reply == nil && errors.Is(err, ErrNeedsStream) {
+		r.readEarlier()
+		env, err = unmarshal(r.RunID, id, b, &r.reply)
+	}
 	if err != nil {
 		r.Problem(err)
 		return Envelope{}, false
 	}
 	if content, changed := ReplyAfter(env.Event); changed {
-		r.reply = streamReply{content: content}
+		r.reply, r.replyKnown = streamReply{content: content}, true
 	}
 	if r.Each != nil {
 		r.stop = r.Each(env)
@@ -121,7 +139,32 @@ func (r *StreamReader) Stopped() bool { return r.stop != nil }
 // key that is not a ULID).
 func (r *StreamReader) Problem(err error) {
 	r.bad = append(r.bad, err)
-	r.reply = streamReply{lost: true}
+	r.reply, r.replyKnown = streamReply{lost: true}, true
+}
+
+// readEarlier reads back through Earlier to the stream's latest reply
+// before the first value the reader was handed: none when Earlier ends
+// first, lost (a problem) when a value on the way does not decode.
+func (r *StreamReader) readEarlier() {
+	r.replyKnown = true
+	for id, b := range r.Earlier {
+		if b == nil {
+			r.Problem(fmt.Errorf("event %s, before those read, cannot be read", id))
+			return
+		}
+		env, err := unmarshal(r.RunID, id, b, nil)
+		switch {
+		case errors.Is(err, ErrNeedsStream):
+			continue // a step referring further back: not a reply
+		case err != nil:
+			r.Problem(err)
+			return
+		}
+		if content, changed := ReplyAfter(env.Event); changed {
+			r.reply = streamReply{content: content}
+			return
+		}
+	}
 }
 
 // Stream returns the events that decoded, in order, and a *DamageError

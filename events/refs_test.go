@@ -250,3 +250,97 @@ func TestAReferenceNeverResolvesPastDamage(t *testing.T) {
 		t.Fatalf("%d events decoded, %v", len(got), err)
 	}
 }
+
+// TestAReaderFromTheMiddleReadsBackToItsReply: a reader handed a stream
+// from its middle (Earlier set) resolves a step's reference to a reply
+// before its first value by reading back through Earlier — only when a
+// value needs it, and only as far as that reply; what it cannot read back
+// is damage, never an earlier reply.
+func TestAReaderFromTheMiddleReadsBackToItsReply(t *testing.T) {
+	mr, sc := bigStep()
+	stream := proptest.SoundStream("run-1")
+	intent := stream[3] // the action's intent, between the reply and its step
+	ids := []ulid.ULID{{15: 1}, {15: 2}, {15: 3}, {15: 4}}
+	var vals [][]byte
+	for i, c := range []struct {
+		ev    events.Event
+		reply *string
+	}{{stream[1], nil}, {mr, nil}, {intent, &mr.Reply.Content}, {sc, &mr.Reply.Content}} {
+		v, err := events.AppendMarshalAfter(nil, c.ev, c.reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := events.Seal(v, "run-1", ids[i]); err != nil {
+			t.Fatal(err)
+		}
+		vals = append(vals, v)
+	}
+	notReply, err := events.Marshal(stream[1]) // a model intent where the reply was
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Seal(notReply, "run-1", ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	// earlier yields the values before from, newest first, counting them.
+	read := 0
+	earlier := func(from int, change func(i int, v []byte) []byte) func(yield func(ulid.ULID, []byte) bool) {
+		return func(yield func(ulid.ULID, []byte) bool) {
+			for i := from - 1; i >= 0; i-- {
+				read++
+				if !yield(ids[i], change(i, bytes.Clone(vals[i]))) {
+					return
+				}
+			}
+		}
+	}
+	same := func(_ int, v []byte) []byte { return v }
+	for _, c := range []struct {
+		name    string
+		from    int // the first value handed to the reader
+		change  func(i int, v []byte) []byte
+		read    int    // values read back
+		problem string // "" for none
+	}{
+		{"the step, after its reply and intent", 3, same, 2, ""},
+		{"the intent and the step", 2, same, 1, ""},
+		{"the reply and the step: nothing read back", 1, same, 0, ""},
+		{"the reply damaged", 3, func(i int, v []byte) []byte {
+			if i == 1 {
+				v[len(v)/2] ^= 1
+			}
+			return v
+		}, 2, "checksum"},
+		{"the reply not readable", 3, func(i int, v []byte) []byte {
+			if i == 1 {
+				return nil
+			}
+			return v
+		}, 2, "cannot be read"},
+		{"no reply before it", 3, func(i int, v []byte) []byte {
+			if i == 1 {
+				return notReply
+			}
+			return v
+		}, 3, "holds none"},
+	} {
+		read = 0
+		r := events.StreamReader{RunID: "run-1", Earlier: earlier(c.from, c.change)}
+		for i := c.from; i < len(vals); i++ {
+			r.Value(ids[i], vals[i])
+		}
+		got, err := r.Stream()
+		if read != c.read {
+			t.Errorf("%s: %d values read back, want %d", c.name, read, c.read)
+		}
+		if c.problem == "" {
+			if err != nil || len(got) != len(vals)-c.from || !reflect.DeepEqual(got[len(got)-1].Event, events.Event(sc)) {
+				t.Errorf("%s: %d events, %v; want the step as written", c.name, len(got), err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.problem) || len(got) != len(vals)-c.from-1 {
+			t.Errorf("%s: %d events, %v; want the step refused, saying %q", c.name, len(got), err, c.problem)
+		}
+	}
+}

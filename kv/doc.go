@@ -183,7 +183,11 @@
 // reaches is returned beside the damage, as a bucket per run returns what
 // it holds. Append checks that the index entry's last key is in the log
 // and numbered last before minting after it, so a wrong entry cannot fork
-// the chain. Deleting a run deletes every event its links reach. What the
+// the chain. LoadAfter, for a reader following a run, walks back from the
+// last key only to the last event the reader saw (and, when a step refers
+// to a reply before it, to that reply), so a poll reads what is new; when
+// that walk finds anything out of the way it reads as Load does. Deleting
+// a run deletes every event its links reach. What the
 // log costs: a resume reads by point lookups (BenchmarkResume), and a
 // stream whose index entry and first-key record are both gone cannot be
 // found without a full scan (in a bucket per run, deleting the bucket and

@@ -31,6 +31,11 @@ type layout interface {
 	// values it read and the last key; a stream that is not there reads as
 	// none, with exists false.
 	read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r *events.StreamReader) (n int, last ulid.ULID, exists bool)
+	// readAfter hands r the events after the run's first seen (at most
+	// info.Events, its sound index entry's count), the seen-th of which is
+	// last, reading only those; false when what it finds does not fit (the
+	// caller then reads the whole stream).
+	readAfter(tx *bolt.Tx, runID string, info RunInfo, seen int, last ulid.ULID, r *events.StreamReader) bool
 	// exists reports whether the run has a stream, sound or not.
 	exists(tx *bolt.Tx, runID string) bool
 	// entryKey is the key the run's index entry is filed under (nil: the

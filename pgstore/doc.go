@@ -82,7 +82,10 @@
 // (*events.DamageError with everything that did decode, wrapped with
 // ErrCorrupt). Runs lists a row failing its checksum, and a run whose
 // events have no row (found by one index probe per run of the events'
-// primary key), as seams.StatusCorrupt, as kv does. The row alone never
+// primary key), as seams.StatusCorrupt, as kv does. LoadAfter reads the
+// index row and the rows numbered from the last one a reader saw, one
+// range of the events' primary key, and reads as Load does when they do
+// not fit. The row alone never
 // decides that a run is finished where the stream can: DeleteRun without
 // force requires the stream's last event to be run_finished too. A store
 // opened with Options.ReadOnly runs every statement in a read-only

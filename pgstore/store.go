@@ -319,13 +319,13 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// Whether a run has anything stored: two index probes.
 		has: sub(`SELECT EXISTS (SELECT 1 FROM {{schema}}.runs WHERE run_id = $1)
 	OR EXISTS (SELECT 1 FROM {{schema}}.events WHERE run_id = $1)`),
-		// The events in order, then the index row (its seq null, so
-		// last), if any.
+		// The events in order from number $2 on (1 for all of them), then
+		// the index row (its seq null, so last), if any.
 		load: sub(`SELECT ` + rowColumns("") + `, NULL::bigint AS seq, NULL::bytea, NULL::text, NULL::bytea, NULL::bigint
 FROM {{schema}}.runs WHERE run_id = $1
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, seq, id, kind, value, crc
-FROM {{schema}}.events WHERE run_id = $1
+FROM {{schema}}.events WHERE run_id = $1 AND seq >= $2
 ORDER BY seq`),
 		// The index rows, and the run ids of events without one (found by
 		// a skip scan of the events' primary key: one index probe per
@@ -509,7 +509,7 @@ func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, erro
 	if err := seams.ValidRunID(runID); err != nil {
 		return nil, fmt.Errorf("pgstore: load: %w", err)
 	}
-	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil) })
+	return retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil, 0, ulid.ULID{}) })
 }
 
 var _ seams.RunScanner = (*Store)(nil)
@@ -528,7 +528,7 @@ func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope)
 		return fn(env)
 	}
 	for attempt := 1; ; attempt++ {
-		_, err := s.load(ctx, runID, each)
+		_, err := s.load(ctx, runID, each, 0, ulid.ULID{})
 		if err == nil || delivered || attempt == 3 || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
 			return err
 		}
@@ -549,11 +549,37 @@ func (s *Store) HasRun(ctx context.Context, runID string) (bool, error) {
 	return found, nil
 }
 
-// load is Load, or with each set Scan.
-func (s *Store) load(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
+var _ seams.RunTailer = (*Store)(nil)
+
+// LoadAfter implements seams.RunTailer: the run's index row and the rows
+// numbered from seen on, in one statement (one primary-key range), the
+// seen-th row checked against last and not decoded. Anything out of the
+// way there — the seen-th row missing or another, a gap, a value that
+// does not decode, a row that does not anchor the stream — and it reads
+// the whole stream as Load does, answering as Load answers
+// (seams.StreamAfter).
+func (s *Store) LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error) {
+	if seen > 0 {
+		if err := seams.ValidRunID(runID); err != nil {
+			return nil, fmt.Errorf("pgstore: load: %w", err)
+		}
+		out, err := retry(ctx, func() ([]events.Envelope, error) { return s.load(ctx, runID, nil, seen, last) })
+		var damage *events.DamageError
+		if !errors.As(err, &damage) {
+			return out, err
+		}
+	}
+	stream, err := s.Load(ctx, runID)
+	return seams.StreamAfter(runID, stream, err, seen, last)
+}
+
+// load is Load, with each set Scan, and with seen set what LoadAfter reads
+// first: the events after the first seen, the seen-th of which must be
+// seenLast (the index row's anchors checked, not its other columns).
+func (s *Store) load(ctx context.Context, runID string, each func(events.Envelope) error, seen int, seenLast ulid.ULID) ([]events.Envelope, error) {
 	q, _, done := s.sessionFor(runID)
 	defer done()
-	rows, err := q.Query(ctx, s.q.load, runID)
+	rows, err := q.Query(ctx, s.q.load, runID, int64(max(seen, 1)))
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 	}
@@ -566,7 +592,7 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 		kind    *string
 		value   []byte
 		crc     *int64
-		n       int64
+		n       = int64(max(seen, 1)) - 1
 		last    ulid.ULID
 		summary seams.RunInfo // the stream's, as the store folds each event it writes
 		clean   = true        // no problem found in the stream
@@ -593,6 +619,13 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 			continue
 		}
 		key := ulid.ULID(id)
+		if seen > 0 && *seq == int64(seen) { // the caller's last, not handed over again
+			if key != seenLast {
+				problem(fmt.Errorf("event %d is %s, not %s as seen: the stream no longer continues", *seq, key, seenLast))
+			}
+			last = key
+			continue
+		}
 		if key.Compare(last) <= 0 {
 			problem(fmt.Errorf("event %d: key %s does not follow %s", *seq, key, last))
 		}
@@ -617,6 +650,8 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 	row, indexed, rowErr := sc.row()
 	switch {
 	case r.Stopped():
+	case n < int64(seen):
+		r.Problem(fmt.Errorf("run %q holds %d events, fewer than the %d seen", runID, n, seen))
 	case !indexed && n > 0:
 		r.Problem(fmt.Errorf("run %q has %d events but no index row", runID, n))
 	case indexed:
@@ -632,7 +667,7 @@ func (s *Store) load(ctx context.Context, runID string, each func(events.Envelop
 		if row.info.LastID != last {
 			r.Problem(fmt.Errorf("the stream's last event is %s, its index row names %s: the tail is missing or was added", last, row.info.LastID))
 		}
-		if clean && int64(row.info.Events) == n && row.info.LastID == last {
+		if clean && seen == 0 && int64(row.info.Events) == n && row.info.LastID == last {
 			for _, d := range disagreements(row.info, summary) {
 				r.Problem(d)
 			}

@@ -467,6 +467,141 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 			t.Fatalf("a run never written: %v", err)
 		}
 	})
+
+	RunTailerContract(t, open)
+}
+
+// RunTailerContract checks a seams.RunTailer's LoadAfter: from every
+// event of a stream, exactly the events Load returns after it, in order —
+// also when what follows refers to a reply before it (a long reply's step,
+// which a store may write as a reference) — and ErrStreamChanged for a
+// stream that no longer continues what the caller saw: shorter, another
+// event where the caller's last one was, a run deleted and started again.
+// RunStoreContract runs it for every store that is a RunTailer; open must
+// return a new, empty store.
+func RunTailerContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
+	ctx := context.Background()
+	loadAfter := func(t *testing.T, s seams.RunStore, run string, seen int, last ulid.ULID) ([]events.Envelope, error) {
+		t.Helper()
+		tl, ok := s.(seams.RunTailer)
+		if !ok {
+			t.Skip("the store does not implement seams.RunTailer")
+		}
+		return tl.LoadAfter(ctx, run, seen, last)
+	}
+	everyPlace := func(t *testing.T, s seams.RunStore, run string) []events.Envelope {
+		t.Helper()
+		want, err := s.Load(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seen := 0; seen <= len(want); seen++ {
+			var last ulid.ULID
+			if seen > 0 {
+				last = want[seen-1].ID
+			}
+			got, err := loadAfter(t, s, run, seen, last)
+			if err != nil || !sameEvents(got, want[seen:]) {
+				t.Errorf("LoadAfter the first %d events of %d: %d events (%v), want the %d Load returns after them",
+					seen, len(want), len(got), err, len(want)-seen)
+			}
+		}
+		return want
+	}
+
+	t.Run("FromEveryEventWhatLoadReturnsAfterIt", func(t *testing.T) {
+		s := open(t)
+		if got, err := loadAfter(t, s, "never-written", 0, ulid.ULID{}); err != nil || len(got) != 0 {
+			t.Fatalf("a run never written: %d events, %v; want none", len(got), err)
+		}
+		stream := SoundStream("f")
+		var tail ulid.ULID
+		for i := 0; i < len(stream); { // one-, two- and three-event appends
+			n := min(1+i%3, len(stream)-i)
+			envs, err := s.Append(ctx, "f", tail, stream[i:i+n]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tail, i = envs[len(envs)-1].ID, i+n
+		}
+		everyPlace(t, s, "f")
+		long := LongReplyStream("long")
+		AppendEach(t, s, "long", long) // as a driver writes: each event after the last
+		if got := everyPlace(t, s, "long"); len(got) != len(long) || !reflect.DeepEqual(got[4].Event, long[4]) {
+			t.Fatalf("the long reply's step did not round-trip")
+		}
+	})
+
+	t.Run("AStreamThatNoLongerContinuesIsRefused", func(t *testing.T) {
+		s := open(t)
+		stream := SoundStream("c")
+		AppendEach(t, s, "c", stream[:6])
+		seen, err := s.Load(ctx, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := ulid.MustParse("01ARZ3NDEKTSV4RRFFQ69G5FAV")
+		for name, c := range map[string]struct {
+			run  string
+			seen int
+			last ulid.ULID
+		}{
+			"a run never written":                      {"never-written", 1, other},
+			"more events seen than it holds":           {"c", 7, seen[5].ID},
+			"another event where the last seen was":    {"c", 4, other},
+			"an earlier event where the last seen was": {"c", 4, seen[2].ID},
+		} {
+			if got, err := loadAfter(t, s, c.run, c.seen, c.last); !errors.Is(err, seams.ErrStreamChanged) || len(got) != 0 {
+				t.Errorf("%s: %d events, %v; want ErrStreamChanged", name, len(got), err)
+			}
+		}
+		if _, err := loadAfter(t, s, "c", -1, ulid.ULID{}); err == nil || !strings.Contains(err.Error(), "-1") {
+			t.Errorf("a negative count seen: %v, want an error naming it", err)
+		}
+		if _, err := loadAfter(t, s, "a\x00b", 0, ulid.ULID{}); !errors.Is(err, seams.ErrInvalidRunID) {
+			t.Errorf("a run id no store keeps: %v, want ErrInvalidRunID", err)
+		}
+		d, ok := s.(seams.RunDeleter)
+		if !ok {
+			return
+		}
+		if err := d.DeleteRun(ctx, "c", true); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := loadAfter(t, s, "c", 6, seen[5].ID); !errors.Is(err, seams.ErrStreamChanged) {
+			t.Errorf("a deleted run: %d events, %v; want ErrStreamChanged", len(got), err)
+		}
+		AppendEach(t, s, "c", stream) // started again, longer than before
+		for _, n := range []int{1, 6} {
+			if got, err := loadAfter(t, s, "c", n, seen[n-1].ID); !errors.Is(err, seams.ErrStreamChanged) {
+				t.Errorf("a run started again, after %d events seen: %d events, %v; want ErrStreamChanged", n, len(got), err)
+			}
+		}
+	})
+}
+
+// LongReplyStream is SoundStream with a first reply long enough that a
+// store may keep its step's raw output as a reference to it.
+func LongReplyStream(runID string) []events.Event {
+	stream := SoundStream(runID)
+	var b strings.Builder
+	b.WriteString("TOOL list ")
+	for i := range 80 { // text that compresses like text, not like one phrase repeated
+		fmt.Fprintf(&b, "file %d is f%x.go, ", i, i*7919%4093)
+	}
+	mr, sc := stream[2].(events.ModelCallResult), stream[4].(events.StepCompleted)
+	reply := *mr.Reply
+	reply.Content = b.String()
+	mr.Reply = &reply
+	sc.Step.RawOutput, sc.Step.ContentChars = reply.Content, len([]rune(reply.Content))
+	stream[2], stream[4] = mr, sc
+	return stream
+}
+
+// sameEvents reports whether a and b hold the same envelopes (an empty
+// slice and nil alike).
+func sameEvents(a, b []events.Envelope) bool {
+	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
 }
 
 // exactlyOneWins runs try 50 times at once and requires exactly one to

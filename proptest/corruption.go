@@ -3,6 +3,7 @@ package proptest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -31,8 +32,10 @@ type StoreDamage struct {
 // matches events.ErrCorruption and wraps an *events.DamageError, together
 // with the events that still decode (every event before the damage among
 // them); Scan, when the store has it, hands over the same events and
-// returns such an error too; and Runs, when the store lists runs, lists
-// the run. open must return a new, empty store.
+// returns such an error too; LoadAfter, when the store is a
+// seams.RunTailer, returns from every event before the damage exactly
+// what Load returns after it, with such an error; and Runs, when the
+// store lists runs, lists the run. open must return a new, empty store.
 func CorruptionContract(t *testing.T, open func(t *testing.T) seams.RunStore, damages []StoreDamage) {
 	ctx := context.Background()
 	for _, d := range damages {
@@ -65,6 +68,19 @@ func CorruptionContract(t *testing.T, open func(t *testing.T) seams.RunStore, da
 				damage(t, "Scan", err)
 				if !reflect.DeepEqual(scanned, loaded) {
 					t.Errorf("Scan handed over %d events, Load returned %d (or they differ)", len(scanned), len(loaded))
+				}
+			}
+			if tl, ok := s.(seams.RunTailer); ok {
+				for seen := 0; seen <= d.At; seen++ {
+					var last ulid.ULID
+					if seen > 0 {
+						last = stream[seen-1].ID
+					}
+					got, err := tl.LoadAfter(ctx, run, seen, last)
+					damage(t, fmt.Sprintf("LoadAfter the first %d events", seen), err)
+					if want := loaded[min(seen, len(loaded)):]; !sameEvents(got, want) {
+						t.Errorf("LoadAfter the first %d events returned %d, Load %d after them (or they differ)", seen, len(got), len(want))
+					}
 				}
 			}
 			if r, ok := s.(seams.RunReader); ok {

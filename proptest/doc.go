@@ -2,14 +2,17 @@
 // property tests.
 //
 // Exported, for any test: RunStoreContract, the contract suite every
-// seams.RunStore implementation runs against itself; RunDeleterContract,
-// the same for seams.RunDeleter; AppendEach, a stream written event by
-// event; SoundStream and FailedModelCall, sample streams holding every
-// record shape; CrashingStore, a store that dies at its n-th append
-// (crashstore.Store, pebble's errorfs pattern); SameSteps, trajectory
-// equality with timing aside. What knows bbolt's file format — the damage
-// corpus, the raw bbolt floor of the benchmarks — is kv's (kv/kvtest):
-// the harnesses import no store, only the tests do.
+// seams.RunStore implementation runs against itself (RunTailerContract
+// within it, for a seams.RunTailer); RunDeleterContract, the same for
+// seams.RunDeleter; CorruptionContract, how a store reports each kind of
+// damage it can suffer; AppendEach, a stream written event by event;
+// SoundStream and FailedModelCall, sample streams holding every record
+// shape; LongReplyStream, a sound stream whose first step a store may keep
+// as a reference to its reply; CrashingStore, a store that dies at its
+// n-th append (crashstore.Store, pebble's errorfs pattern); SameSteps,
+// trajectory equality with timing aside. What knows bbolt's file format —
+// the damage corpus, the raw bbolt floor of the benchmarks — is kv's
+// (kv/kvtest): the harnesses import no store, only the tests do.
 //
 // Its own tests are the recovery promise, checked with pgregory.net/rapid:
 // generated runs crashed at every write — on MemStore, kv and PostgreSQL

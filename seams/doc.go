@@ -27,8 +27,11 @@
 // embed), which lets the engine refuse a second driver before it replays a
 // side effect declared safe; the tail rule is the guarantee, the lock a
 // courtesy. A store may implement RunScanner, which hands a run's events
-// over one at a time, so Resume never holds a long run's stream whole; and
-// RunDeleter, which deletes finished runs (package retention).
+// over one at a time, so Resume never holds a long run's stream whole;
+// RunTailer, which reads what follows the events a reader has seen, so a
+// follower reads what is new (LoadAfter falls back to
+// Load for stores without it); and RunDeleter, which deletes finished runs
+// (package retention).
 //
 // What does not live here: implementations of the seams (kv.Store is the
 // bbolt RunStore; seams/seamstest holds test doubles) and the loop that

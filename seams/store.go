@@ -82,6 +82,10 @@ var (
 	// Every store's Append, Load and Scan refuse one with it, before
 	// touching the store, and the engine's request validation wraps it.
 	ErrInvalidRunID = errors.New("seams: invalid run id")
+	// ErrStreamChanged: a run's stream no longer continues from the event
+	// a reader saw last (LoadAfter): the run was deleted, or deleted and
+	// started again.
+	ErrStreamChanged = errors.New("seams: the run's stream no longer continues from the event last seen (the run was deleted or replaced)")
 	// ErrRunNotFinished: DeleteRun without force found no RunFinished.
 	ErrRunNotFinished = errors.New("seams: run is not finished (it may be resumed); delete it only with force")
 )
@@ -242,6 +246,60 @@ type RunReader interface {
 // scan to end.
 type RunScanner interface {
 	Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error
+}
+
+// RunTailer is implemented by stores that can read a run's stream from a
+// place in it, so a reader following a run (report.Follower) reads only
+// what is new: kv.Store walks back from the run's last key, pgstore.Store
+// reads the rows numbered after it. LoadAfter (below) falls back to Load
+// for stores without it.
+type RunTailer interface {
+	// LoadAfter returns the events of runID's stream after its first seen
+	// (all of them when seen is 0): what Load returns after them. last is
+	// the key of the seen-th event, which the store checks: a stream that
+	// holds fewer events or another seen-th one no longer continues what
+	// the caller saw, and is refused with ErrStreamChanged. Damage is
+	// reported as Load reports it (an *events.DamageError, with the events
+	// after the first seen that decoded); a store checks what it reads —
+	// the events after the first seen, their link to the seen-th, the
+	// run's index entry — and may leave damage before them to Load. A run
+	// id ValidRunID refuses is ErrInvalidRunID; a negative seen, an error
+	// naming it. The returned slice belongs to the caller.
+	LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error)
+}
+
+// LoadAfter is RunTailer.LoadAfter of any store: s's own when it is a
+// RunTailer, otherwise Load's stream after its first seen events
+// (StreamAfter).
+func LoadAfter(ctx context.Context, s interface {
+	Load(ctx context.Context, runID string) ([]events.Envelope, error)
+}, runID string, seen int, last ulid.ULID) ([]events.Envelope, error) {
+	if t, ok := s.(RunTailer); ok {
+		return t.LoadAfter(ctx, runID, seen, last)
+	}
+	stream, err := s.Load(ctx, runID)
+	return StreamAfter(runID, stream, err, seen, last)
+}
+
+// StreamAfter is what LoadAfter returns, given what Load returned for
+// runID (stream and err): the events after the first seen, with err, when
+// the seen-th is last; err alone when it is not and Load reported a
+// problem (damage may be why); ErrStreamChanged otherwise. A negative seen
+// is an error naming it.
+func StreamAfter(runID string, stream []events.Envelope, err error, seen int, last ulid.ULID) ([]events.Envelope, error) {
+	switch {
+	case seen < 0:
+		return nil, fmt.Errorf("load run %q after %d events: want a count of events seen, 0 or more", clipID(runID), seen)
+	case seen == 0:
+		return stream, err
+	case seen <= len(stream) && stream[seen-1].ID == last:
+		return stream[seen:], err
+	case err != nil:
+		return nil, err
+	case seen > len(stream):
+		return nil, fmt.Errorf("run %q holds %d events, fewer than the %d seen: %w", clipID(runID), len(stream), seen, ErrStreamChanged)
+	}
+	return nil, fmt.Errorf("run %q: its event %d is %s, not %s as seen: %w", clipID(runID), seen, stream[seen-1].ID, last, ErrStreamChanged)
 }
 
 // RunFinder is implemented by stores that can say whether a run has

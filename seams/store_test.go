@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -41,5 +44,49 @@ func TestTheRunIDRule(t *testing.T) {
 		if !errors.Is(err, seams.ErrInvalidRunID) || !strings.Contains(fmt.Sprint(err), c.says) || len(fmt.Sprint(err)) > 200 {
 			t.Errorf("ValidRunID(%.40q) = %v, want ErrInvalidRunID saying %q (in under 200 bytes)", c.id, err, c.says)
 		}
+	}
+}
+
+// TestTheStreamAfterRule: what follows the first seen events of a loaded
+// stream — the rule LoadAfter keeps, and falls back to for stores that
+// cannot read from the middle: the events after them when the seen-th is
+// the caller's last; Load's error when not and Load reported one;
+// ErrStreamChanged otherwise.
+func TestTheStreamAfterRule(t *testing.T) {
+	key := func(b byte) ulid.ULID { return ulid.ULID{15: b} }
+	stream := []events.Envelope{{ID: key(1)}, {ID: key(2)}, {ID: key(3)}}
+	damage := &events.DamageError{RunID: "r", Problems: []error{errors.New("event 4 is missing")}}
+	for _, c := range []struct {
+		name    string
+		stream  []events.Envelope
+		err     error
+		seen    int
+		last    ulid.ULID
+		want    int   // events returned: the last want of stream
+		wantErr error // nil, or what the error matches
+	}{
+		{"nothing seen", stream, nil, 0, ulid.ULID{}, 3, nil},
+		{"some seen", stream, nil, 2, key(2), 1, nil},
+		{"all seen", stream, nil, 3, key(3), 0, nil},
+		{"nothing seen, nothing there", nil, nil, 0, ulid.ULID{}, 0, nil},
+		{"the damage after those seen", stream, damage, 1, key(1), 2, events.ErrDamaged},
+		{"more seen than there is", stream, nil, 4, key(4), 0, seams.ErrStreamChanged},
+		{"another event where the last seen was", stream, nil, 2, key(9), 0, seams.ErrStreamChanged},
+		{"a run gone", nil, nil, 1, key(1), 0, seams.ErrStreamChanged},
+		{"damage where the last seen was", stream, damage, 2, key(9), 0, events.ErrDamaged},
+	} {
+		got, err := seams.StreamAfter("r", c.stream, c.err, c.seen, c.last)
+		if len(got) != c.want || c.want > 0 && got[0].ID != c.stream[len(c.stream)-c.want].ID {
+			t.Errorf("%s: %d events, want the last %d", c.name, len(got), c.want)
+		}
+		if c.wantErr == nil && err != nil || c.wantErr != nil && !errors.Is(err, c.wantErr) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.wantErr)
+		}
+		if errors.Is(err, seams.ErrStreamChanged) && !strings.Contains(err.Error(), `run "r"`) {
+			t.Errorf("%s: %v does not name the run", c.name, err)
+		}
+	}
+	if got, err := seams.StreamAfter("r", stream, nil, -1, ulid.ULID{}); err == nil || len(got) != 0 || !strings.Contains(err.Error(), "-1") {
+		t.Errorf("a negative count seen: %d events, %v; want an error naming it", len(got), err)
 	}
 }
