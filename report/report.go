@@ -1,8 +1,9 @@
 // Package report is what PolyLoop's readers say about runs — the
 // polyloop-inspect command and the run viewer: a run's listing status
-// (a seams.RunStatus) from recovery's verdict, filters over listings, and
-// the JSON shapes both print (the same names in `polyloop-inspect … --json` and the viewer's
-// endpoints). It reads through seams.RunReader, never a particular store.
+// (a seams.RunStatus) from recovery's verdict, filters over listings, the
+// JSON shapes both print (the same names in `polyloop-inspect … --json`
+// and the viewer's endpoints), and the Follower both follow a run with.
+// It reads through seams.RunReader, never a particular store.
 //
 // What does not live here: rendering (text tables in cmd/polyloop-inspect,
 // HTML in package viewer) and the verdicts themselves (package recovery).
@@ -158,6 +159,16 @@ func Plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// Clip is s shortened to at most n runes, its end marked "…": how the
+// readers keep an id or a text a run holds to a line.
+func Clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 // Stamp is a time as readers print it: UTC, milliseconds; "-" when zero.

@@ -22,7 +22,9 @@
 //	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
 //	/api/verify?run=ID        the verdict
 //	/api/follow?run=ID        new events as server-sent events, from the
-//	                          &after= event count on; ends after run_finished
+//	                          &after= event count on; ends after run_finished,
+//	                          or with an error event when the run is damaged,
+//	                          deleted or replaced (report.Follower)
 //
 // Run ids go in the query, not the path: an id may hold any character a
 // run id may (seams.ValidRunID). A request naming an id no store keeps is
@@ -166,7 +168,7 @@ func (h *handler) load(w http.ResponseWriter, r *http.Request) (string, []events
 		http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)
 		return id, nil, nil, false
 	case err == nil && len(stream) == 0:
-		http.Error(w, fmt.Sprintf("no run %q", clip(id, 80)), http.StatusNotFound)
+		http.Error(w, fmt.Sprintf("no run %q", report.Clip(id, 80)), http.StatusNotFound)
 		return id, nil, nil, false
 	}
 	return id, stream, err, true
@@ -240,25 +242,27 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 }
 
 // follow streams the run's events from ?after= (a count of events already
-// seen) as server-sent events, polling the store, until run_finished or
-// the client leaves.
+// seen) as server-sent events, as a report.Follower reads them, until
+// run_finished or the client leaves; damage, or a run deleted or replaced
+// meanwhile, ends the stream with an error event.
 func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 	id, ok := runID(w, r)
 	if !ok {
 		return
 	}
-	seen := 0
+	after := 0
 	if a := r.URL.Query().Get("after"); a != "" {
 		n, err := strconv.Atoi(a)
 		if err != nil || n < 0 {
-			http.Error(w, fmt.Sprintf("after %q: want a count of events already seen (0 or more)", clip(a, 40)), http.StatusBadRequest)
+			http.Error(w, fmt.Sprintf("after %q: want a count of events already seen (0 or more)", report.Clip(a, 40)), http.StatusBadRequest)
 			return
 		}
-		seen = n
+		after = n
 	}
-	stream, err := h.store.Load(r.Context(), id)
-	if err == nil && len(stream) == 0 {
-		http.Error(w, fmt.Sprintf("no run %q", clip(id, 80)), http.StatusNotFound)
+	f := report.NewFollower(h.store, id)
+	first, err := f.Next(r.Context())
+	if err == nil && len(first) == 0 {
+		http.Error(w, fmt.Sprintf("no run %q", report.Clip(id, 80)), http.StatusNotFound)
 		return
 	}
 	if r.Method == http.MethodHead {
@@ -274,29 +278,27 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	flusher.Flush()
-	tick := time.NewTicker(h.o.Poll)
-	defer tick.Stop()
-	for {
-		if err != nil && r.Context().Err() == nil {
-			fmt.Fprintf(w, "event: error\ndata: %s\n\n", jsonString(err.Error()))
-			flusher.Flush()
-			return
-		}
-		for ; seen < len(stream); seen++ {
-			b, _ := json.Marshal(report.Event(stream[seen]))
-			fmt.Fprintf(w, "id: %d\ndata: %s\n\n", seen+1, b)
-			if stream[seen].Kind == events.KindRunFinished {
-				flusher.Flush()
-				return
+	// send writes the events the client has not seen, each with its
+	// number in the stream as its id.
+	send := func(batch []events.Envelope) error {
+		for i, env := range batch {
+			if n := f.Seen() - len(batch) + i + 1; n > after {
+				b, _ := json.Marshal(report.Event(env))
+				fmt.Fprintf(w, "id: %d\ndata: %s\n\n", n, b)
 			}
 		}
 		flusher.Flush()
-		select {
-		case <-r.Context().Done():
-			return
-		case <-tick.C:
+		return nil
+	}
+	if err == nil {
+		send(first)
+		if !f.Finished() {
+			err = f.Follow(r.Context(), h.o.Poll, send)
 		}
-		stream, err = h.store.Load(r.Context(), id)
+	}
+	if err != nil && r.Context().Err() == nil {
+		fmt.Fprintf(w, "event: error\ndata: %s\n\n", jsonString(err.Error()))
+		flusher.Flush()
 	}
 }
 
@@ -404,12 +406,4 @@ func deref(p any) string {
 		}
 	}
 	return "-"
-}
-
-func clip(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
 }

@@ -1,6 +1,7 @@
 package viewer_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -449,5 +450,57 @@ func TestRunIDsNoStoreCanKeepAreBadRequests(t *testing.T) {
 			}
 		}
 		srv.Close()
+	}
+}
+
+// TestFollowEndsWithAnErrorWhenTheRunChanges: a run followed while it is
+// damaged, or deleted and started again, ends its event stream with an
+// error event saying so — never with events that seem to continue it.
+func TestFollowEndsWithAnErrorWhenTheRunChanges(t *testing.T) {
+	ctx := context.Background()
+	stream := proptest.SoundStream("f")
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, s *seamstest.MemStore)
+		want   string
+	}{
+		{"damaged", func(t *testing.T, s *seamstest.MemStore) {
+			loaded, _ := s.Load(ctx, "f")
+			if _, err := s.Append(ctx, "f", loaded[len(loaded)-1].ID, stream[3:6]...); err != nil {
+				t.Fatal(err)
+			}
+			s.Damage("f", 4, func(v []byte) []byte { v[len(v)/2] ^= 1; return v })
+		}, "is damaged"},
+		{"replaced", func(t *testing.T, s *seamstest.MemStore) {
+			if err := s.DeleteRun(ctx, "f", true); err != nil {
+				t.Fatal(err)
+			}
+			proptest.AppendEach(t, s, "f", stream)
+		}, "no longer continues"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &seamstest.MemStore{}
+			proptest.AppendEach(t, store, "f", stream[:3])
+			srv := httptest.NewServer(viewer.New(store, viewer.Options{Poll: 5 * time.Millisecond}))
+			defer srv.Close()
+			resp, err := http.Get(srv.URL + "/api/follow?run=f&after=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			lines := bufio.NewScanner(resp.Body)
+			var got []string
+			for lines.Scan() {
+				got = append(got, lines.Text())
+				if lines.Text() == "id: 3" {
+					c.change(t, store)
+				}
+			}
+			body := strings.Join(got, "\n")
+			if !strings.Contains(body, "id: 2\n") || strings.Contains(body, "id: 1\n") || strings.Contains(body, "id: 4\n") ||
+				!strings.Contains(body, "event: error\ndata: ") || !strings.Contains(body, c.want) {
+				t.Fatalf("stream:\n%s\nwant events 2 and 3, then an error saying %q", body, c.want)
+			}
+		})
 	}
 }

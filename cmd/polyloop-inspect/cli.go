@@ -246,14 +246,7 @@ func escape(s string) string {
 	return b.String()
 }
 
-// clip escapes s and shortens it to n runes.
-func clip(s string, n int) string {
-	s = escape(s)
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
-}
+// clip escapes s and shortens it to n runes (report.Clip).
+func clip(s string, n int) string { return report.Clip(escape(s), n) }
 
 func stamp(t time.Time) string { return report.Stamp(t) }

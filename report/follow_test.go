@@ -1,0 +1,197 @@
+package report_test
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/seams/seamstest"
+)
+
+// tailing is a MemStore that is a seams.RunTailer, recording what each
+// LoadAfter was asked and every Load a reader made itself.
+type tailing struct {
+	*seamstest.MemStore
+	asked []int // seen, per LoadAfter
+	lasts []ulid.ULID
+	loads int
+}
+
+func (s *tailing) LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error) {
+	s.asked, s.lasts = append(s.asked, seen), append(s.lasts, last)
+	stream, err := s.MemStore.Load(ctx, runID)
+	return seams.StreamAfter(runID, stream, err, seen, last)
+}
+
+func (s *tailing) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	s.loads++
+	return s.MemStore.Load(ctx, runID)
+}
+
+// TestAFollowerReadsWhatIsNew: a follower returns each event once, in
+// order, as appends make it durable — nothing before the run starts, the
+// run's RunFinished last — asking a RunTailer only for what follows the
+// events it returned (the count and the last key), never loading the
+// stream itself; of a store that is not one, it loads the stream.
+func TestAFollowerReadsWhatIsNew(t *testing.T) {
+	ctx := context.Background()
+	stream := proptest.SoundStream("f")
+	for _, tails := range []bool{true, false} {
+		mem := &seamstest.MemStore{}
+		store := &tailing{MemStore: mem}
+		var reader seams.RunReader = store
+		if !tails {
+			reader = mem
+		}
+		f := report.NewFollower(reader, "f")
+		if got, err := f.Next(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("before the run started: %d events, %v", len(got), err)
+		}
+		var got []events.Envelope
+		var tail ulid.ULID
+		for i := 0; i < len(stream); i += 4 {
+			envs, err := mem.Append(ctx, "f", tail, stream[i:min(i+4, len(stream))]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tail = envs[len(envs)-1].ID
+			batch, err := f.Next(ctx)
+			if err != nil || !reflect.DeepEqual(batch, envs) {
+				t.Fatalf("after appending %d events: %d new, %v; want the %d appended", i+len(envs), len(batch), err, len(envs))
+			}
+			got = append(got, batch...)
+		}
+		if !f.Finished() || f.Seen() != len(stream) {
+			t.Fatalf("after RunFinished: finished %t, %d seen", f.Finished(), f.Seen())
+		}
+		if batch, err := f.Next(ctx); err != nil || len(batch) != 0 {
+			t.Fatalf("after RunFinished: %d events, %v", len(batch), err)
+		}
+		if !tails {
+			continue
+		}
+		if store.loads != 0 {
+			t.Errorf("the follower loaded the whole stream %d times itself", store.loads)
+		}
+		want := []int{0, 0, 4, 8, 12} // before the start, then after each batch
+		if !reflect.DeepEqual(store.asked, want) {
+			t.Errorf("LoadAfter asked after %v events, want %v", store.asked, want)
+		}
+		for i, seen := range store.asked {
+			if seen > 0 && store.lasts[i] != got[seen-1].ID {
+				t.Errorf("LoadAfter after %d events named %s, not the last of them", seen, store.lasts[i])
+			}
+		}
+	}
+}
+
+// TestAFollowerSeesDamageAndAReplacedRun: a stream damaged while it is
+// followed is reported as damage, and a run deleted and started again as
+// seams.ErrStreamChanged — never as events that continue what was shown.
+func TestAFollowerSeesDamageAndAReplacedRun(t *testing.T) {
+	ctx := context.Background()
+	stream := proptest.SoundStream("f")
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, s *seamstest.MemStore)
+		want   error
+	}{
+		{"a new value damaged", func(t *testing.T, s *seamstest.MemStore) {
+			loaded, _ := s.Load(ctx, "f")
+			if _, err := s.Append(ctx, "f", loaded[len(loaded)-1].ID, stream[5:8]...); err != nil {
+				t.Fatal(err)
+			}
+			s.Damage("f", 6, func(v []byte) []byte { v[len(v)/2] ^= 1; return v })
+		}, events.ErrCorruption},
+		{"the run deleted and started again", func(t *testing.T, s *seamstest.MemStore) {
+			if err := s.DeleteRun(ctx, "f", true); err != nil {
+				t.Fatal(err)
+			}
+			proptest.AppendEach(t, s, "f", stream)
+		}, seams.ErrStreamChanged},
+		{"the run deleted", func(t *testing.T, s *seamstest.MemStore) {
+			if err := s.DeleteRun(ctx, "f", true); err != nil {
+				t.Fatal(err)
+			}
+		}, seams.ErrStreamChanged},
+	} {
+		for _, tails := range []bool{true, false} {
+			mem := &seamstest.MemStore{}
+			var reader seams.RunReader = mem
+			if tails {
+				reader = &tailing{MemStore: mem}
+			}
+			proptest.AppendEach(t, mem, "f", stream[:5])
+			f := report.NewFollower(reader, "f")
+			if got, err := f.Next(ctx); err != nil || len(got) != 5 {
+				t.Fatalf("%s: %d events, %v", c.name, len(got), err)
+			}
+			c.change(t, mem)
+			if got, err := f.Next(ctx); !errors.Is(err, c.want) || len(got) != 0 {
+				t.Errorf("%s (RunTailer %t): %d events, %v; want %v", c.name, tails, len(got), err, c.want)
+			}
+		}
+	}
+}
+
+// endless is a store whose stream goes on after RunFinished, as only
+// damage no check caught could make one.
+type endless struct{ *seamstest.MemStore }
+
+func (s endless) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	stream, err := s.MemStore.Load(ctx, runID)
+	return append(stream, stream[1:3]...), err
+}
+
+// TestFollowStopsAtRunFinished: Follow hands batches over as they come
+// and returns after the one holding RunFinished, handing over nothing
+// after it; when ctx ends first, it returns ctx's error.
+func TestFollowStopsAtRunFinished(t *testing.T) {
+	stream := proptest.SoundStream("f")
+	mem := &seamstest.MemStore{}
+	proptest.AppendEach(t, mem, "f", stream)
+	var got []events.Envelope
+	bounded, cancelBounded := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelBounded()
+	err := report.NewFollower(endless{mem}, "f").Follow(bounded, time.Millisecond, func(batch []events.Envelope) error {
+		got = append(got, batch...)
+		return nil
+	})
+	if err != nil || len(got) != len(stream) || got[len(got)-1].Kind != events.KindRunFinished {
+		t.Fatalf("Follow: %d events handed over, %v; want the %d up to RunFinished", len(got), err, len(stream))
+	}
+
+	live := &seamstest.MemStore{}
+	proptest.AppendEach(t, live, "f", stream[:3])
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	batches := 0
+	err = report.NewFollower(live, "f").Follow(ctx, time.Millisecond, func([]events.Envelope) error { batches++; return nil })
+	if !errors.Is(err, context.DeadlineExceeded) || batches != 1 {
+		t.Fatalf("a run that does not finish: %d batches, %v; want 1 and ctx's error", batches, err)
+	}
+	stop := errors.New("enough")
+	if err := report.NewFollower(live, "f").Follow(context.Background(), time.Millisecond, func([]events.Envelope) error { return stop }); err != stop {
+		t.Fatalf("fn's error: %v", err)
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{{"short", 10, "short"}, {"exactly", 7, "exactly"}, {"too long", 5, "too …"}, {"ünïcödé", 4, "ünï…"}} {
+		if got := report.Clip(c.in, c.n); got != c.want {
+			t.Errorf("Clip(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
+		}
+	}
+}
