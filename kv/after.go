@@ -3,7 +3,6 @@ package kv
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"iter"
 
 	"github.com/oklog/ulid/v2"
@@ -28,13 +27,7 @@ func (s *Store) LoadAfter(ctx context.Context, runID string, seen int, last ulid
 		stream, err := s.Load(ctx, runID)
 		return seams.StreamAfter(runID, stream, err, seen, last)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if err := seams.ValidRunID(runID); err != nil {
-		return nil, fmt.Errorf("kv: load: %w", err)
-	}
-	if err := s.checkOpen(); err != nil {
+	if err := s.readable(ctx, runID); err != nil {
 		return nil, err
 	}
 	r := events.StreamReader{RunID: runID}

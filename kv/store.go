@@ -956,15 +956,21 @@ func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope)
 	return err
 }
 
-// read is Load, or with each set Scan.
-func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
+// readable is why runID cannot be read now, or nil: ctx ended, an id no
+// store keeps, the store closed.
+func (s *Store) readable(ctx context.Context, runID string) error {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := seams.ValidRunID(runID); err != nil {
-		return nil, fmt.Errorf("kv: load: %w", err)
+		return fmt.Errorf("kv: load: %w", err)
 	}
-	if err := s.checkOpen(); err != nil {
+	return s.checkOpen()
+}
+
+// read is Load, or with each set Scan.
+func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
+	if err := s.readable(ctx, runID); err != nil {
 		return nil, err
 	}
 	r := events.StreamReader{RunID: runID, Each: each}
