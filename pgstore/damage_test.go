@@ -3,7 +3,6 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -88,31 +87,4 @@ func TestEveryDamageIsCorruption(t *testing.T) {
 		{Name: "the index row altered", At: 15, Apply: sql(`UPDATE {{schema}}.runs SET steps = steps + 1 WHERE run_id = $1`)},
 		{Name: "the index row deleted", At: 15, Apply: sql(`DELETE FROM {{schema}}.runs WHERE run_id = $1`)},
 	})
-}
-
-// TestLoadAfterReadsOnlyWhatIsNew: LoadAfter reads the rows after those
-// seen, not the stream before them: damage there is Load's to find, and
-// LoadAfter still answers from what it reads — while damage in what it
-// reads is reported as Load reports it.
-func TestLoadAfterReadsOnlyWhatIsNew(t *testing.T) {
-	ctx := context.Background()
-	s := open(t, pgstore.Options{})
-	proptest.AppendEach(t, s, "r", proptest.SoundStream("r"))
-	written, err := s.Load(ctx, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec(t, s.Schema(), `UPDATE {{schema}}.events SET value = set_byte(value, 20, get_byte(value, 20) # 1) WHERE run_id = 'r' AND seq = 2`)
-	if _, err := s.Load(ctx, "r"); !errors.Is(err, events.ErrCorruption) {
-		t.Fatalf("Load: %v, want the damage to event 2", err)
-	}
-	for seen := 2; seen <= len(written); seen++ {
-		got, err := s.LoadAfter(ctx, "r", seen, written[seen-1].ID)
-		if want := written[seen:]; err != nil || len(got) != len(want) || len(got) > 0 && !reflect.DeepEqual(got, want) {
-			t.Errorf("LoadAfter the first %d events: %d events, %v; want the %d after them, read alone", seen, len(got), err, len(want))
-		}
-	}
-	if _, err := s.LoadAfter(ctx, "r", 1, written[0].ID); !errors.Is(err, events.ErrCorruption) {
-		t.Errorf("LoadAfter the first event: %v, want the damage to event 2", err)
-	}
 }

@@ -580,6 +580,51 @@ func RunTailerContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 	})
 }
 
+// FollowPoll benchmarks one poll of a follower of a long run (800 events)
+// on s, a new, empty store that is a seams.RunTailer: the whole stream
+// (Load, what a follower read before LoadAfter), the four events of a
+// step written since the last poll, and nothing new.
+func FollowPoll(b *testing.B, s seams.RunStore) {
+	ctx := context.Background()
+	tl, ok := s.(seams.RunTailer)
+	if !ok {
+		b.Skip("the store does not implement seams.RunTailer")
+	}
+	sound := SoundStream("r")
+	envs, err := s.Append(ctx, "r", ulid.ULID{}, sound[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range 200 {
+		if envs, err = s.Append(ctx, "r", envs[len(envs)-1].ID, sound[1:5]...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	stream, err := s.Load(ctx, "r")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		new  int
+	}{{"Load", len(stream)}, {"LoadAfter/a step new", 4}, {"LoadAfter/nothing new", 0}} {
+		b.Run(c.name, func(b *testing.B) {
+			seen := len(stream) - c.new
+			for b.Loop() {
+				var got []events.Envelope
+				if c.new == len(stream) {
+					got, err = s.Load(ctx, "r")
+				} else {
+					got, err = tl.LoadAfter(ctx, "r", seen, stream[seen-1].ID)
+				}
+				if err != nil || len(got) != c.new {
+					b.Fatalf("%d events, %v; want %d", len(got), err, c.new)
+				}
+			}
+		})
+	}
+}
+
 // LongReplyStream is SoundStream with a first reply long enough that a
 // store may keep its step's raw output as a reference to it.
 func LongReplyStream(runID string) []events.Event {

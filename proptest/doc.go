@@ -10,7 +10,8 @@
 // shape; LongReplyStream, a sound stream whose first step a store may keep
 // as a reference to its reply; CrashingStore, a store that dies at its
 // n-th append (crashstore.Store, pebble's errorfs pattern); SameSteps,
-// trajectory equality with timing aside. What knows bbolt's file format —
+// trajectory equality with timing aside; FollowPoll, a benchmark of a
+// follower's poll on any seams.RunTailer. What knows bbolt's file format —
 // the damage corpus, the raw bbolt floor of the benchmarks — is kv's
 // (kv/kvtest): the harnesses import no store, only the tests do.
 //
