@@ -127,5 +127,7 @@
 //     completion does not.
 //
 // What does not live here: storage (kv), the event vocabulary (events), the
-// structural rules of a log (recovery) and the views of a log (projections).
+// fold of a log and its structural rules (recovery) and the views of a log
+// (projections). The engine imports no store: it knows one only through
+// the seams, which make check holds it to (deps_test.go).
 package engine

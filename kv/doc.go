@@ -23,8 +23,8 @@
 // leader applies its group join it (up to Options.MaxGroup) before it
 // commits: at 64 runs, the runs the previous commit released queue up
 // exactly then. After a commit that carried more than one append, the
-// leader also waits a little for more (Options.CommitDelay, 30 µs by
-// default, started again by each append that joins), polling the queue and
+// leader also waits a little for more (Options.CommitDelay, started
+// again by each append that joins), polling the queue and
 // yielding its processor so the released runs can append: without it, 64
 // runs settle into two cohorts that take turns, each commit carrying half
 // of them; with it one commit carries most. (PostgreSQL's commit_delay is a
@@ -32,9 +32,9 @@
 // are open.) The leader then hands leadership to the oldest waiting
 // appender. A lone append never hands off to another goroutine, and waits
 // for company only right after a commit of several appends (anyone's): a
-// run appending alone commits at once. (bbolt's own Batch waits up to MaxBatchDelay, 10 ms, for company
-// whatever came before, which makes a lone run's durable write many times
-// slower.) A refused append in a group
+// run appending alone commits at once. (bbolt's own Batch waits up to its
+// MaxBatchDelay for company whatever came before, which makes a lone run's
+// durable write many times slower.) A refused append in a group
 // does not affect the others: the rules of seams.CheckAppend are checked
 // against the index before anything of that append is written; a failure
 // after an append began writing (bbolt's own) rolls the whole group back,
@@ -104,16 +104,14 @@
 // means damage. Options.AllowMetaRollback accepts the fallback for recovery
 // tooling and Store.MetaRollback reports it.
 //
-// Why a walk at open rather than a synced freelist, measured both ways
-// (BENCHMARKS.md): with the freelist synced bbolt would not walk the file at
-// open, but every commit writes the freelist page too — a step costs
-// 1.02–1.09× what it costs unsynced (BenchmarkFreelistSync, fsync on, two
-// runs) — and bbolt
-// would trust a damaged freelist page, while damaged pages would surface
-// later, in writes, as panics. Without it bbolt walks every page anyway,
-// lazily and where a panic cannot be caught; kv's walk at open makes open
-// plus the first write 1.72× bbolt's own (BenchmarkOpen, 2,000 runs), paid
-// once per open, and turns every structural problem into an error. A file
+// Why a walk at open rather than a synced freelist (both measured in
+// BENCHMARKS.md, BenchmarkFreelistSync and BenchmarkOpen): with the
+// freelist synced bbolt would not walk the file at open, but every commit
+// writes the freelist page too, and bbolt would trust a damaged freelist
+// page, while damaged pages would surface later, in writes, as panics.
+// Without it bbolt walks every page anyway, lazily and where a panic cannot
+// be caught; kv's walk at open is paid once per open, and turns every
+// structural problem into an error. A file
 // whose freelist another tool synced is checked too: no page it lists may
 // be in use.
 //
@@ -129,9 +127,8 @@
 // New files use 16 KiB pages (Options.PageSize; a file keeps the page size
 // it was made with) and the log (and format 1's streams) fill their pages
 // whole (keys only grow): a step's compressed StepCompleted is a few KiB,
-// which 4 KiB pages held one to a page. A step of a 2 KB reply and a 4 KB
-// observation takes 5,800 bytes (0.94x its payload; BenchmarkStorageBytes),
-// the step's texts stored once (events' references: kv remembers each
+// which 4 KiB pages held one to a page. A step's texts are stored once
+// (BenchmarkStorageBytes) (events' references: kv remembers each
 // run's latest reply as of its tail, so a StepCompleted appended right
 // after it refers to it). DeleteRun (seams.RunDeleter) removes a run's
 // events (its chain, or its bucket) and index entry in one transaction,
@@ -145,15 +142,13 @@
 //
 // # Layout: one log
 //
-// Why one log and not a bucket per run (BenchmarkLayoutFloor, issue 16's
-// step of a 2 KB reply and a 4 KB observation, fsync on, 16 KiB pages):
-// bbolt committing 64 runs' steps with perfect grouping reaches 7.9x one
-// run's throughput when each run has its own bucket — every commit
-// rewrites, per run, the run's last leaf and the branch above it — 10.7x
-// with one bucket whose keys lead with a run number, and 18x when all
-// events go to one append-only bucket, where a commit rewrites the log's
-// last leaves only. The target is 12x, so format 2 files (every file Open
-// creates) keep:
+// Why one log and not a bucket per run (BenchmarkLayoutFloor measures the
+// three layouts bbolt allows): when each run has its own bucket, every
+// commit of many runs rewrites, per run, the run's last leaf and the branch
+// above it; with one bucket whose keys lead with a run number, fewer; when
+// all events go to one append-only bucket, a commit rewrites the log's last
+// leaves only, which is what many runs committed together need. So format
+// 2 files (every file Open creates) keep:
 //
 //   - "log": every event, keyed by its ULID. The keys come from one
 //     monotonic source per process and are minted after the run's tail, so
@@ -164,10 +159,9 @@
 //   - "index": the run's first key -> its RunInfo entry (naming the run,
 //     with the last key and count, sealed for the key it is filed under).
 //     Filed by first key rather than run id, the entries of the runs being
-//     driven — the newest — sit together at the index's end: with 20,000
-//     finished runs in the store, 64 runs' commits rewrote the index leaves
-//     their scattered ids fell in and ran 45 % slower than on a fresh store;
-//     filed by first key, 7–20 % (BenchmarkTextAppend/g=64/finished=20000).
+//     driven — the newest — sit together at the index's end, where filed
+//     by run id many runs' commits would rewrite the index leaves their
+//     scattered ids fall in (BenchmarkTextAppend with finished runs).
 //     What it costs: the first-key record is how a run is found; lost, the
 //     run's entry is listed as damaged under the run it names, and its
 //     events are not found without a full scan.

@@ -175,9 +175,7 @@ func (l bucketLayout) remove(tx *bolt.Tx, runID string, _ RunInfo, _ bool) error
 // the run's index entry names its last key and event count, and
 // startsBucket its first key. Keys are minted from one clock for the whole
 // file, so a commit serving many runs appends to the log's last leaves
-// only, instead of a page chain per run: the floor of 64 runs grouped is
-// 18x one run's throughput here against 7.9x in buckets
-// (BenchmarkLayoutFloor). A run is read by walking its chain back from the
+// only, instead of a page chain per run (BenchmarkLayoutFloor). A run is read by walking its chain back from the
 // last key, one point lookup per event.
 type logLayout struct{}
 

@@ -1,0 +1,206 @@
+package kv
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// apply writes one request into the open transaction, or refuses it having
+// written nothing.
+func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
+	if len(r.runID) > bolt.MaxKeySize {
+		return fmt.Errorf("kv: run id is %d bytes, longer than bbolt's %d-byte key limit", len(r.runID), bolt.MaxKeySize)
+	}
+	var (
+		info    RunInfo
+		started bool
+		tail    ulid.ULID
+		raw     []byte
+	)
+	ekey := s.layout.entryKey(tx, r.runID)
+	if ekey != nil {
+		raw = index.Get(ekey)
+	}
+	if e, ok := s.written.match(r.runID, raw); ok {
+		// The entry is, byte for byte, the one this process wrote with the
+		// run's last append, so it decodes to what was written, and that
+		// append's events are in the stream it names (this process holds
+		// the file's only write lock). Load still verifies all of it.
+		info, started, tail = e.info, true, e.info.LastID
+	} else {
+		var err error
+		if info, started, err = readInfo(index, ekey, r.runID); err != nil {
+			return err
+		}
+		if tail, err = s.layout.tail(tx, r.runID, info, started); err != nil {
+			return err
+		}
+	}
+	if err := seams.CheckAppend(r.runID, tail, info.Status == StatusFinished, r.after, r.evs); err != nil {
+		return err
+	}
+	for i, v := range r.vals {
+		if len(v) > bolt.MaxValueSize {
+			return fmt.Errorf("kv: event %d (%s) of run %q encodes to %d bytes, more than bbolt's %d-byte value limit",
+				i, r.evs[i].Kind(), r.runID, len(v)-logHeader, bolt.MaxValueSize-logHeader)
+		}
+	}
+	// Past this point nothing is refused: a failure is bbolt's, and fails
+	// the whole transaction (writeError), since part of r may be written.
+	if !started {
+		info = RunInfo{RunID: r.runID, Status: StatusRunning}
+	}
+	now := s.clock()
+	envs := make([]events.Envelope, len(r.evs))
+	for i, ev := range r.evs {
+		prev := tail
+		tail = s.ids.NextAfter(now, tail)
+		for s.taken(tx, r.runID, tail) {
+			tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
+		}
+		if err := events.Seal(r.vals[i][logHeader:], r.runID, tail); err != nil {
+			return &writeError{err}
+		}
+		if err := s.layout.put(tx, r.runID, uint64(info.Events), prev, tail, r.vals[i]); err != nil {
+			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
+		}
+		if tail.Compare(s.highest.key) > 0 {
+			s.highest.key = tail
+		}
+		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
+		info.Apply(envs[i])
+	}
+	if ekey == nil {
+		ekey = s.layout.entryKey(tx, r.runID) // the run's first event put it on record
+	}
+	raw, err := writeInfo(index, ekey, info)
+	if err != nil {
+		return &writeError{fmt.Errorf("kv: index entry of run %q: %w", r.runID, err)}
+	}
+	s.written.put(info, raw)
+	r.envs = envs
+	return nil
+}
+
+// replies remembers, for each run this process appended to, the content of
+// its latest model reply as of its tail, so a StepCompleted appended right
+// after that tail may refer to the reply instead of storing it again. A
+// run's entry is replaced on each append it commits and dropped when it
+// finishes; it is emptied at maxWrittenEntries.
+type replies struct {
+	mu sync.Mutex
+	m  map[string]replyAt
+}
+
+type replyAt struct {
+	tail  ulid.ULID
+	reply latestReply
+}
+
+// latestReply is what a stream holds as its latest reply: known false when
+// this process cannot tell; content nil when the latest model call failed
+// or there was none.
+type latestReply struct {
+	known   bool
+	content *string
+}
+
+// after is the latest reply once ev is appended.
+func (l latestReply) after(ev events.Event) latestReply {
+	if content, changed := events.ReplyAfter(ev); changed {
+		return latestReply{known: true, content: content}
+	}
+	return l
+}
+
+// at is runID's latest reply as of tail: for a run never written (a zero
+// tail) there is none; unknown when this process did not append tail.
+func (r *replies) at(runID string, tail ulid.ULID) latestReply {
+	if tail == (ulid.ULID{}) {
+		return latestReply{known: true}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.m[runID]; ok && e.tail == tail {
+		return e.reply
+	}
+	return latestReply{}
+}
+
+func (r *replies) set(runID string, tail ulid.ULID, reply latestReply, finished bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if finished {
+		delete(r.m, runID)
+		return
+	}
+	if r.m == nil || len(r.m) >= maxWrittenEntries {
+		r.m = map[string]replyAt{}
+	}
+	r.m[runID] = replyAt{tail, reply}
+}
+
+// writtenEntries remembers the index entry this process last wrote for each
+// run it appends to, so the next append of the run, finding those very
+// bytes in the index, need not decode the entry and look its last event up
+// again. Entries from a transaction that rolled back are not in the index,
+// so they never match; keys are never minted twice, so a match is exact.
+// It is used only inside write transactions, which bbolt serializes, and
+// bounded: a finished run's entry goes, and it is emptied when it holds
+// maxWrittenEntries.
+type writtenEntries struct {
+	entries map[string]writtenEntry
+}
+
+type writtenEntry struct {
+	info RunInfo
+	raw  []byte
+}
+
+// taken reports whether key is already in use where runID's next event
+// would be stored. In the log, a key above every key it has held since this
+// process first wrote to it is free without a look: keys are put only by
+// this process's appends while it holds the file.
+func (s *Store) taken(tx *bolt.Tx, runID string, key ulid.ULID) bool {
+	if _, inLog := s.layout.(logLayout); inLog {
+		if !s.highest.known {
+			if k, _ := tx.Bucket(logBucket).Cursor().Last(); k != nil {
+				copy(s.highest.key[:], k)
+			}
+			s.highest.known = true
+		}
+		if key.Compare(s.highest.key) > 0 {
+			return false
+		}
+	}
+	return s.layout.taken(tx, runID, key)
+}
+
+const maxWrittenEntries = 1 << 14
+
+// match is runID's remembered entry when raw, the entry in the index, is
+// byte for byte the one remembered.
+func (w *writtenEntries) match(runID string, raw []byte) (writtenEntry, bool) {
+	e, ok := w.entries[runID]
+	return e, ok && raw != nil && bytes.Equal(e.raw, raw)
+}
+
+func (w *writtenEntries) put(info RunInfo, raw []byte) {
+	if info.Status == StatusFinished {
+		delete(w.entries, info.RunID)
+		return
+	}
+	if w.entries == nil || len(w.entries) >= maxWrittenEntries {
+		w.entries = map[string]writtenEntry{}
+	}
+	w.entries[info.RunID] = writtenEntry{info, raw}
+}
+
+func (w *writtenEntries) forget(runID string) { delete(w.entries, runID) }
