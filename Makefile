@@ -60,7 +60,7 @@ mutate:
 		echo "== $$p $$integ"; \
 		GOFLAGS=-count=1 $(GREMLINS) unleash $$integ --workers $(WORKERS) --timeout-coefficient 10 -o mutation-$$p.json $$ex || exit 1; \
 	done
-	TESTS="./seams/... ./kv ./engine ./recovery ./proptest" ./scripts/mutate-cases.sh engine/machine.go recovery/recovery.go seams/store.go kv/store.go
+	TESTS="./seams/... ./kv ./engine ./recovery ./proptest" ./scripts/mutate-cases.sh engine/machine.go recovery/fold.go recovery/recovery.go seams/store.go kv/store.go kv/open.go kv/commit.go kv/apply.go kv/read.go
 	TESTS="./viewer" RUN=. ./scripts/mutate-cases.sh viewer/viewer.go
 	TESTS="./pgstore" RUN=. TIMEOUT=5m ./scripts/mutate-cases.sh pgstore/store.go pgstore/migrate.go pgstore/retention.go
 

@@ -70,12 +70,19 @@ func TestOversizedTextsLeaveALoadableLog(t *testing.T) {
 			}
 			a.req.Budget.MaxPromptChars = 1 << 30
 			r := a.run(t)
-			soundLog(t, store, "big")
+			stream := soundLog(t, store, "big")
 			if r.StopReason != tc.want {
 				t.Errorf("stopped with %s, want %s", r.StopReason, tc.want)
 			}
-			if tc.want == events.StopLLMError && len(a.exec.Calls()) != 0 {
-				t.Error("an action ran after a reply too large to store")
+			if tc.want == events.StopLLMError {
+				if len(a.exec.Calls()) != 0 {
+					t.Error("an action ran after a reply too large to store")
+				}
+				// The failure says why: the reply's size and the bound.
+				mr := stream[2].Event.(events.ModelCallResult)
+				if mr.Failure == nil || !strings.Contains(*mr.Failure, "more than the 8388608 a run stores (events.MaxTextBytes)") {
+					t.Errorf("the failed call records %q, want the reply's size beside events.MaxTextBytes", failureText(mr))
+				}
 			}
 			if tc.check != nil {
 				tc.check(t, r)
@@ -232,4 +239,12 @@ func (s failingReplies) Append(ctx context.Context, runID string, tail ulid.ULID
 		}
 	}
 	return s.RunStore.Append(ctx, runID, tail, evs...)
+}
+
+// failureText is a model result's failure, or "(none)".
+func failureText(mr events.ModelCallResult) string {
+	if mr.Failure == nil {
+		return "(none)"
+	}
+	return *mr.Failure
 }
