@@ -46,11 +46,7 @@ func TestAnAppendTakenIntoAGroupReportsItsCommit(t *testing.T) {
 		s := storeMidCommit(t, Options{})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		res := make(chan error, 1)
-		go func() {
-			_, err := s.Append(ctx, "t", ulid.ULID{}, proptest.SoundStream("t")[:2]...)
-			res <- err
-		}()
+		res := appendAside(ctx, s, "t")
 		synctest.Wait() // queued, waiting for the leader
 		s.mu.Lock()
 		group := s.join(nil) // as a leader takes it
@@ -86,11 +82,7 @@ func TestAnAppendPromotedToLeaderAsItsContextEndsLeads(t *testing.T) {
 		s := storeMidCommit(t, Options{})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		res := make(chan error, 1)
-		go func() {
-			_, err := s.Append(ctx, "p", ulid.ULID{}, proptest.SoundStream("p")[:2]...)
-			res <- err
-		}()
+		res := appendAside(ctx, s, "p")
 		synctest.Wait() // queued, waiting for the leader
 		s.mu.Lock()
 		cancel() // the appender wakes for its context, and waits for mu
@@ -369,4 +361,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("waited a minute for %s", what)
+}
+
+// appendAside appends the start of run's sound stream in a goroutine of
+// its own; the channel gets Append's error.
+func appendAside(ctx context.Context, s *Store, run string) <-chan error {
+	res := make(chan error, 1)
+	go func() {
+		_, err := s.Append(ctx, run, ulid.ULID{}, proptest.SoundStream(run)[:2]...)
+		res <- err
+	}()
+	return res
 }

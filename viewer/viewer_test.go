@@ -298,17 +298,8 @@ func TestFollowWaitsAtTheEndOfARunInProgress(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/follow?run=doubt", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := followAll(t, ctx, srv.URL, stream)
 	defer resp.Body.Close()
-	want := frames(t, stream, 0)
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
-		t.Fatalf("the stream sent\n%s\n(%v), want\n%s", got, err, want)
-	}
 	time.AfterFunc(50*time.Millisecond, cancel) // dozens of polls finding nothing new
 	rest, err := io.ReadAll(resp.Body)
 	if !errors.Is(err, context.Canceled) || len(rest) != 0 {
@@ -346,17 +337,8 @@ func TestFollowReportsAStoreThatFailsAndEnds(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/follow?run=doubt", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := followAll(t, ctx, srv.URL, stream)
 	defer resp.Body.Close()
-	want := frames(t, stream, 0)
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
-		t.Fatalf("the stream sent\n%s\n(%v), want\n%s", got, err, want)
-	}
 	failing.fail.Store(true)
 	rest, err := io.ReadAll(resp.Body)
 	if err != nil || !strings.HasPrefix(string(rest), "event: error\ndata: ") || !strings.HasSuffix(string(rest), "\n\n") || strings.Count(string(rest), "\n\n") != 1 {
@@ -484,4 +466,23 @@ func TestFollowEndsWithAnErrorWhenTheRunIsReplaced(t *testing.T) {
 		!strings.Contains(body, "event: error\ndata: ") || !strings.Contains(body, "no longer continues") {
 		t.Fatalf("stream:\n%s\nwant events 2 and 3, then an error saying the run no longer continues", body)
 	}
+}
+
+// followAll follows run "doubt" at url and reads the frames of every event
+// of stream, failing t unless they are exactly those; the response is left
+// open for what follows them.
+func followAll(t *testing.T, ctx context.Context, url string, stream []events.Envelope) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/api/follow?run=doubt", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := frames(t, stream, 0)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
+		resp.Body.Close()
+		t.Fatalf("the stream sent\n%s\n(%v), want\n%s", got, err, want)
+	}
+	return resp
 }
