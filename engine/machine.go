@@ -97,7 +97,8 @@ type current struct {
 	intentAt time.Time // when the model intent became durable: the step's start
 	issued   bool      // model intent written by this machine, not replayed
 	parsed   *seams.ParsedReply
-	acted    bool // action intent written by this machine
+	args     string // the parsed tool call's arguments as JSON text (toolArguments)
+	acted    bool   // action intent written by this machine
 }
 
 // ending is a stop decided by a completed step.
@@ -441,13 +442,13 @@ func (m *machine) modelFailed(in input) {
 // parser cannot take the log with it and a re-parse gets the same answer.
 func (m *machine) parsed() seams.ParsedReply {
 	if m.cur.parsed == nil {
-		p := safeParse(m.cfg.parser, *m.fold().Current.Reply)
-		m.cur.parsed = &p
+		p, args := safeParse(m.cfg.parser, *m.fold().Current.Reply)
+		m.cur.parsed, m.cur.args = &p, args
 	}
 	return *m.cur.parsed
 }
 
-func safeParse(p seams.DecisionParser, r events.ModelReply) seams.ParsedReply {
+func safeParse(p seams.DecisionParser, r events.ModelReply) (seams.ParsedReply, string) {
 	out := func() (out seams.ParsedReply) {
 		defer func() {
 			if v := recover(); v != nil {
@@ -471,11 +472,12 @@ const maxToolNameBytes = 1024
 // stays storable: a history text or decision text larger than it makes the
 // decision invalid, with the reply's content as history text; an
 // explanation is clipped. An action is never clipped: what runs is what the
-// model said, or nothing.
-func boundParse(p seams.ParsedReply, r events.ModelReply) seams.ParsedReply {
-	tooLarge := func(what string, n int) seams.ParsedReply {
+// model said, or nothing. args is a tool call's arguments as the step
+// record keeps them (toolArguments), measured here and kept for it.
+func boundParse(p seams.ParsedReply, r events.ModelReply) (_ seams.ParsedReply, args string) {
+	tooLarge := func(what string, n int) (seams.ParsedReply, string) {
 		return seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: fmt.Sprintf(
-			"the parser's %s is %d bytes, more than the %d a run stores (events.MaxTextBytes)", what, n, events.MaxTextBytes)}}
+			"the parser's %s is %d bytes, more than the %d a run stores (events.MaxTextBytes)", what, n, events.MaxTextBytes)}}, ""
 	}
 	if len(p.HistoryText) > events.MaxTextBytes {
 		return tooLarge("history text", len(p.HistoryText))
@@ -493,15 +495,15 @@ func boundParse(p seams.ParsedReply, r events.ModelReply) seams.ParsedReply {
 			if n := len(tc.Name); n > maxToolNameBytes {
 				return tooLarge("tool name", n)
 			}
-			if n := len(toolArguments(tc)); n > events.MaxTextBytes {
-				return tooLarge("tool call's arguments", n)
+			if args = toolArguments(tc); len(args) > events.MaxTextBytes {
+				return tooLarge("tool call's arguments", len(args))
 			}
 		}
 	case seams.InvalidDecision:
 		d.Explanation = events.Clip(d.Explanation, events.MaxTextBytes)
 		p.Decision = d
 	}
-	return p
+	return p, args
 }
 
 // afterReply plans what a stored reply leads to.
@@ -629,7 +631,7 @@ func (m *machine) actionRecord(in input, a seams.Action, out events.ActionOutcom
 	if tc := a.ToolCall; tc != nil {
 		name := tc.Name
 		rec.ToolName = &name
-		args := toolArguments(tc)
+		args := m.cur.args // a's, measured by boundParse: a is the parsed action
 		rec.ToolArguments = &args
 	}
 	return rec
