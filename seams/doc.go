@@ -30,8 +30,9 @@
 // over one at a time, so Resume never holds a long run's stream whole;
 // RunTailer, which reads what follows the events a reader has seen, so a
 // follower reads what is new (LoadAfter falls back to
-// Load for stores without it); and RunDeleter, which deletes finished runs
-// (package retention).
+// Load for stores without it); RunFinder, which says whether a run has a
+// log without reading it (engine.Resume asks before it takes the run's
+// lock); and RunDeleter, which deletes finished runs (package retention).
 //
 // What does not live here: implementations of the seams (kv.Store is the
 // bbolt RunStore; seams/seamstest holds test doubles) and the loop that
