@@ -40,7 +40,7 @@ type Store struct {
 
 var (
 	_ seams.RunStore  = (*Store)(nil)
-	_ seams.RunLocker = (*Store)(nil)
+	_ seams.RunLeaser = (*Store)(nil)
 )
 
 // Append implements seams.RunStore.
@@ -62,6 +62,15 @@ func (s *Store) LockRun(runID string) (func(), error) {
 		return l.LockRun(runID)
 	}
 	return func() {}, nil
+}
+
+// HoldsRun implements seams.RunLeaser with the inner store's leases, if
+// it has any (nil otherwise: a lock that cannot be lost is still held).
+func (s *Store) HoldsRun(ctx context.Context, runID string) error {
+	if l, ok := s.Inner.(seams.RunLeaser); ok {
+		return l.HoldsRun(ctx, runID)
+	}
+	return nil
 }
 
 // Load implements seams.RunStore.

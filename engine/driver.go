@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -150,9 +151,15 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 			}
 			in = input{kind: inAppended, envs: envs}
 		case cmdCallModel:
+			if err := d.holds(wctx, "calling the model"); err != nil {
+				return events.RunResult{}, err
+			}
 			reply, err := d.callModel(ctx, cmd.model)
 			in = input{kind: inModelReturned, reply: reply, err: err}
 		case cmdExecute:
+			if err := d.holds(wctx, "executing the action of step "+strconv.Itoa(cmd.action.StepIdx)); err != nil {
+				return events.RunResult{}, err
+			}
 			out, err := d.execute(ctx, cmd.action)
 			in = input{kind: inActionReturned, outcome: out, err: err}
 		case cmdDone:
@@ -191,6 +198,16 @@ func (d *driver) append(ctx, wctx context.Context, evs []events.Event) ([]events
 		case errors.Is(err, seams.ErrTailMoved):
 			return nil, fmt.Errorf("%w: run %q: appending %s, its tail had moved; this driver stopped and executes nothing more: %w",
 				ErrRunBusy, d.req.RunID, kinds(g), err)
+		case errors.Is(err, seams.ErrRunExists):
+			// Another driver started the run between this one's look at
+			// its log and its first append (two workers starting one run
+			// on a store whose reservation a run without a log cannot
+			// carry): it is that driver's.
+			return nil, fmt.Errorf("%w: run %q: another driver started it meanwhile; this driver executed nothing: %w",
+				ErrRunBusy, d.req.RunID, err)
+		case errors.Is(err, seams.ErrRunLocked):
+			return nil, fmt.Errorf("%w: run %q: appending %s, the run was no longer this driver's; it stopped and executes nothing more: %w",
+				ErrRunBusy, d.req.RunID, kinds(g), err)
 		case ctx.Err() != nil && wctx.Err() != nil:
 			return nil, fmt.Errorf("engine: run %q was cancelled and its %s could not be made durable within the cancel grace of %s (the run can be resumed): %w (store: %w)",
 				d.req.RunID, kinds(g), d.req.cancelGrace(), context.Cause(wctx), err)
@@ -208,6 +225,28 @@ func (d *driver) append(ctx, wctx context.Context, evs []events.Event) ([]events
 		}
 	}
 	return out, nil
+}
+
+// holds makes sure, before a model call or a side effect, that this
+// driver still holds its run when the store's reservations are leases that
+// can be lost (seams.RunLeaser): a driver paused past its lease (a stopped
+// process, a partition) may find another driving the run when it wakes,
+// and then stops, calling and executing nothing more.
+func (d *driver) holds(ctx context.Context, before string) error {
+	l, ok := d.def.Store.(seams.RunLeaser)
+	if !ok {
+		return nil
+	}
+	err := l.HoldsRun(ctx, d.req.RunID)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, seams.ErrRunLocked):
+		return fmt.Errorf("%w: run %q: before %s, the run was no longer this driver's; it stopped and executes nothing more: %w",
+			ErrRunBusy, d.req.RunID, before, err)
+	}
+	return fmt.Errorf("engine: run %q: before %s, this driver could not make sure it still holds the run, so it stopped and executes nothing more (the run can be resumed): %w",
+		d.req.RunID, before, err)
 }
 
 // graceContext returns a context that carries ctx's values but not its

@@ -7,3 +7,18 @@ func SetClock(s *Store, now func() time.Time) { s.clock = now }
 
 // PoolSize is the most connections s's pool opens.
 func PoolSize(s *Store) int32 { return s.pool.Config().MaxConns }
+
+// StopRenewing stops s renewing its leases, as if its process hung: they
+// expire after their term.
+func StopRenewing(s *Store) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	s.noRenew = true
+}
+
+// Queued is how many appends wait for a sender.
+func Queued(s *Store) int {
+	s.group.mu.Lock()
+	defer s.group.mu.Unlock()
+	return len(s.group.queue)
+}

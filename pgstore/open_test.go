@@ -18,6 +18,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -230,48 +231,60 @@ func TestRunIDsPostgresCannotKeepAreRefused(t *testing.T) {
 	}
 }
 
-// TestRunLocksHoldAcrossProcesses: a run reserved through one store (one
-// process's pool) is refused through another until released, or until the
-// holder's connection is gone (a dead worker's lock is not left behind).
-func TestRunLocksHoldAcrossProcesses(t *testing.T) {
+// TestRunLeasesHoldAcrossProcesses: a run leased through one store (one
+// process's pool) is refused through another, naming the holder, until
+// released, or until the holder's lease expires (a dead worker's run is
+// not left behind); a store in another schema is not blocked.
+func TestRunLeasesHoldAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
 	a := open(t, pgstore.Options{})
-	b := open(t, pgstore.Options{Schema: a.Schema()})
+	b := open(t, pgstore.Options{Schema: a.Schema(), LeaseDuration: time.Second})
+	proptest.AppendEach(t, a, "r", proptest.SoundStream("r")[:3])
 	release, err := a.LockRun("r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) || !strings.Contains(err.Error(), "another process") {
+	if _, err := b.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) || !strings.Contains(err.Error(), a.Owner()) {
 		t.Fatalf("second process locked a held run: %v", err)
 	}
 	if _, err := a.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) || !strings.Contains(err.Error(), "this process") {
 		t.Fatalf("second lock in the holding process: %v", err)
 	}
 	other := open(t, pgstore.Options{Schema: pgtest.Schema(t)})
+	proptest.AppendEach(t, other, "r", proptest.SoundStream("r")[:3])
 	if rel, err := other.LockRun("r"); err != nil {
-		t.Fatalf("a store in another schema is blocked by this one's lock: %v", err)
+		t.Fatalf("a store in another schema is blocked by this one's lease: %v", err)
 	} else {
 		rel()
 	}
 	release()
 	release() // safe twice
-	relB, err := b.LockRun("r")
-	if err != nil {
+	if err := a.HoldsRun(ctx, "r"); !errors.Is(err, seams.ErrRunLocked) {
+		t.Fatalf("HoldsRun after release: %v", err)
+	}
+	if _, err := b.LockRun("r"); err != nil {
 		t.Fatalf("after release: %v", err)
 	}
-	// The holder dies: its connections close, and the lock goes with them.
-	b.Close()
-	_ = relB
-	deadline := time.Now().Add(10 * time.Second)
+	// The holder stops renewing (it died, or was cut off): a second later
+	// its lease expires and another takes the run.
+	pgstore.StopRenewing(b)
+	start := time.Now()
 	for {
 		rel, err := a.LockRun("r")
 		if err == nil {
 			rel()
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a dead holder's lock was left behind: %v", err)
+		if !errors.Is(err, seams.ErrRunLocked) || time.Since(start) > 10*time.Second {
+			t.Fatalf("a dead holder's lease was left behind: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if time.Since(start) < 500*time.Millisecond {
+		t.Fatalf("the lease of a live holder was taken after %v", time.Since(start))
+	}
+	if err := b.HoldsRun(ctx, "r"); !errors.Is(err, seams.ErrRunLocked) {
+		t.Fatalf("the old holder still believes it holds the run: %v", err)
 	}
 }
 
@@ -308,11 +321,10 @@ func TestThePoolSizeIsResolved(t *testing.T) {
 	}
 }
 
-// TestALockedRunNeedsNoSecondConnection: with a pool of one connection, a
-// run this process holds is loaded, appended to and refused through its
-// locked connection (the engine locks before it loads), never waiting for
-// a second one.
-func TestALockedRunNeedsNoSecondConnection(t *testing.T) {
+// TestALeasedRunHoldsNoConnection: with a pool of one connection, a run
+// this process holds is loaded, appended to and refused, each statement
+// taking the one connection and giving it back.
+func TestALeasedRunHoldsNoConnection(t *testing.T) {
 	s := open(t, pgstore.Options{MaxConns: 1})
 	release, err := s.LockRun("r")
 	if err != nil {

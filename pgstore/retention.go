@@ -13,9 +13,9 @@ import (
 var _ seams.RunDeleter = (*Store)(nil)
 
 // DeleteRun implements seams.RunDeleter: the run's index row and then its
-// events, in one statement. The run is reserved with its advisory lock
-// while it is deleted, so a run driven by any worker is refused and none
-// starts on it meanwhile. Without force, the run must be finished by its
+// events, in one statement. The run is reserved with its lease (LockRun)
+// while it is deleted, so a run driven by any live worker is refused and
+// none starts on it meanwhile. Without force, the run must be finished by its
 // stream's word, not its index row's alone: the row must sum to its
 // checksum and say finished, and the stream's last event — the one the
 // row names, its checksum verified — must be run_finished; a run whose
@@ -31,8 +31,7 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 		return fmt.Errorf("pgstore: delete run %q: %w", runID, err)
 	}
 	defer release()
-	q, _, done := s.sessionFor(runID)
-	defer done()
+	q := s.pool
 	var last ulid.ULID
 	var sum uint32
 	if !force {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
@@ -95,6 +96,13 @@ func (r *rowScan) row() (row indexRow, ok bool, err error) {
 			info.FirstEvent.UTC().Format(time.RFC3339Nano), info.LastEvent.UTC().Format(time.RFC3339Nano), info.LastID)
 	}
 	return indexRow{info: info, crc: uint32(*r.crc)}, true, nil
+}
+
+// session runs statements: the pool, or a transaction.
+type session interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // readRow reads runID's runs row through q: ok false when there is none;

@@ -65,11 +65,22 @@ type Options struct {
 	// (polyloop-inspect) use it while agents write.
 	ReadOnly bool
 	// MaxConns bounds the connection pool: zero means the DSN's
-	// pool_max_conns, else DefaultMaxConns. A run driven by this process
-	// holds one connection (LockRun), so this bounds the runs it drives at
-	// once; keep it below the server's max_connections divided by the
-	// number of worker processes.
+	// pool_max_conns, else DefaultMaxConns. A statement holds a connection
+	// only while it runs (a run waiting on its model holds none), so a
+	// small pool serves thousands of runs; keep it below the server's
+	// max_connections divided by the number of worker processes.
 	MaxConns int32
+	// LeaseDuration is the term of the leases this store takes on the runs
+	// it drives (DefaultLeaseDuration when zero): how long after a worker
+	// dies, or is cut off from the server, its runs stay refused to the
+	// others. At least a second.
+	LeaseDuration time.Duration
+	// Owner is the id this store's leases carry, shown to operators as the
+	// run's holder; unique per worker (when empty, host name, process id
+	// and a random suffix). A worker restarted under the same owner takes
+	// its runs back at once, without waiting for their leases to expire:
+	// give two live workers the same owner and they are one worker.
+	Owner string
 }
 
 // Store is a seams.RunStore (and seams.RunReader) on PostgreSQL. Share one
@@ -84,13 +95,21 @@ type Store struct {
 	q        queries
 
 	connectTimeout time.Duration
-	lockMu         sync.Mutex
-	locks          map[string]*runLock // runs this process reserved (LockRun)
+	owner          string
+	leaseTerm      time.Duration
+	leaseMu        sync.Mutex
+	leases         map[string]*lease // runs this process holds (LockRun)
+	closed         bool              // Close began; guarded by leaseMu
+	noRenew        bool              // a test's hung worker; guarded by leaseMu
+	group          *grouper          // appends waiting for their transaction
+	stop           context.CancelFunc
+	background     sync.WaitGroup // the senders and the lease renewer
 }
 
 // queries are the statements, with the schema filled in.
 type queries struct {
 	start, cont, row, load, runs, deletable, delete, has string
+	take, holder, renew, release                         string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -138,6 +157,15 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if rt["application_name"] == "" {
 		rt["application_name"] = "polyloop"
 	}
+	switch {
+	case o.LeaseDuration == 0:
+		o.LeaseDuration = DefaultLeaseDuration
+	case o.LeaseDuration < time.Second:
+		return nil, fmt.Errorf("pgstore: a lease duration of %v is too short to renew over a network: at least 1s", o.LeaseDuration)
+	}
+	if o.Owner == "" {
+		o.Owner = newOwner()
+	}
 	s := &Store{
 		schema:   o.Schema,
 		target:   describe(cfg.ConnConfig),
@@ -146,7 +174,10 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		q:        newQueries(pgx.Identifier{o.Schema}.Sanitize()),
 
 		connectTimeout: cfg.ConnConfig.ConnectTimeout,
-		locks:          map[string]*runLock{},
+		owner:          o.Owner,
+		leaseTerm:      o.LeaseDuration,
+		leases:         map[string]*lease{},
+		group:          newGrouper(),
 	}
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("pgstore: %s: %w", s.target, scrub(err))
@@ -166,7 +197,33 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		s.pool.Close()
 		return nil, err
 	}
+	if !o.ReadOnly {
+		s.startBackground(cfg.MaxConns)
+	}
 	return s, nil
+}
+
+// startBackground starts the goroutines a writing store runs until Close:
+// the senders of grouped appends (a quarter of the pool, one to four: a
+// group in flight holds one connection, and reads need the rest) and the
+// lease renewer.
+func (s *Store) startBackground(maxConns int32) {
+	sendCtx, stopSending := context.WithCancel(context.Background())
+	renewCtx, stopRenewing := context.WithCancel(context.Background())
+	s.stop = func() {
+		stopRenewing()
+		// The senders send what is queued, then stop; past the connect
+		// timeout, their statements are cancelled.
+		s.group.close()
+		t := time.AfterFunc(s.connectTimeout, stopSending)
+		s.background.Wait()
+		t.Stop()
+		stopSending()
+	}
+	for range min(max(maxConns/4, 1), 4) {
+		s.background.Go(func() { s.send(sendCtx) })
+	}
+	s.background.Go(func() { s.renewLeases(renewCtx) })
 }
 
 // describe names a connection target without its password.
@@ -299,8 +356,8 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// nothing is written: of two concurrent starts one waits for the
 		// other's commit and writes nothing).
 		start: sub(`WITH r AS (
-	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc)
-	VALUES ($1, $6, $7, $8, $9, $12, $10, $11, $13)
+	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc, lease_owner, lease_expires)
+	VALUES ($1, $6, $7, $8, $9, $12, $10, $11, $13, $14::text, CASE WHEN $14::text IS NULL THEN NULL ELSE now() + $15::bigint * interval '1 microsecond' END)
 	ON CONFLICT (run_id) DO NOTHING
 	RETURNING 0::bigint AS base)` + insertEvents),
 		// A continued run: its index row becomes the one the append
@@ -308,13 +365,30 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// row the writer computed from ($14-$19, the last key its tail
 		// $12): a concurrent continuation waits for the row lock, then
 		// finds another last key and writes nothing, and a row changed
-		// behind the store's back is not written over.
+		// behind the store's back is not written over. A lease holder
+		// ($20, the owner) appends only while the lease is its own, and
+		// its append renews it for $21 microseconds; an append without a
+		// lease ($20 null) only while nobody live holds one.
 		cont: sub(`WITH r AS (
 	UPDATE {{schema}}.runs SET status = $6, steps = $7, events = $8,
-		stop_reason = $9, last_event = $10, last_id = $11, crc = $13
+		stop_reason = $9, last_event = $10, last_id = $11, crc = $13,
+		lease_expires = CASE WHEN $20::text IS NULL THEN lease_expires ELSE now() + $21::bigint * interval '1 microsecond' END
 	WHERE run_id = $1 AND last_id = $12 AND status = 'running' AND steps = $14 AND events = $15
 		AND stop_reason = $16 AND first_event = $17 AND last_event = $18 AND crc = $19
+		AND CASE WHEN $20::text IS NULL THEN lease_owner IS NULL OR lease_expires <= now() ELSE lease_owner = $20::text END
 	RETURNING $15::bigint AS base)` + insertEvents),
+		// A lease ($2 the owner, $3 its term in microseconds) on a run
+		// nobody live holds.
+		take: sub(`UPDATE {{schema}}.runs SET lease_owner = $2, lease_expires = now() + $3::bigint * interval '1 microsecond'
+WHERE run_id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires <= now())`),
+		// Who holds a run's lease, and whether it is live.
+		holder: sub(`SELECT lease_owner, lease_expires, coalesce(lease_expires > now(), false) FROM {{schema}}.runs WHERE run_id = $1`),
+		// The leases of runs $1 still held by owner $2, renewed.
+		renew: sub(`UPDATE {{schema}}.runs SET lease_expires = now() + $3::bigint * interval '1 microsecond'
+WHERE run_id = ANY($1::text[]) AND lease_owner = $2 RETURNING run_id`),
+		// The leases of runs $1 held by owner $2, given back.
+		release: sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL
+WHERE run_id = ANY($1::text[]) AND lease_owner = $2`),
 		row: sub(`SELECT ` + rowColumns("") + ` FROM {{schema}}.runs WHERE run_id = $1`),
 		// Whether a run has anything stored: two index probes.
 		has: sub(`SELECT EXISTS (SELECT 1 FROM {{schema}}.runs WHERE run_id = $1)
@@ -386,24 +460,33 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if err := seams.ValidRunID(runID); err != nil {
 		return nil, fmt.Errorf("pgstore: append: %w", err)
 	}
-	w, l, done := s.sessionFor(runID)
-	defer done()
+	l := s.leaseOf(runID)
+	var known *indexRow // the row this process last wrote, when it holds the run
+	if l != nil {
+		l.mu.Lock()
+		lost := l.lost
+		known, l.row = l.row, nil // unknown until this append's answer is
+		l.mu.Unlock()
+		if lost != nil {
+			return nil, lost
+		}
+	}
 	// The batch must be valid continuing the stream the caller saw; the
 	// database then checks that the stream is what the caller saw.
 	if err := seams.CheckAppend(runID, after, false, after, evs); err != nil {
-		return nil, s.refusal(ctx, w, runID, after, evs, err)
+		return nil, s.refusal(ctx, runID, l, after, evs, err)
 	}
 	if after == maxULID {
-		return nil, s.refusal(ctx, w, runID, after, evs, nil) // no key follows it; it is not a real tail
+		return nil, s.refusal(ctx, runID, l, after, evs, nil) // no key follows it; it is not a real tail
 	}
 	// prev is the row this append continues: none for a start.
 	var prev *indexRow
 	switch {
 	case after == (ulid.ULID{}):
-	case l != nil && l.row != nil && l.row.info.LastID == after:
-		prev = l.row
+	case known != nil && known.info.LastID == after:
+		prev = known
 	default:
-		row, found, err := s.readRow(ctx, w, runID)
+		row, found, err := s.readRow(ctx, s.pool, runID)
 		if err != nil {
 			return nil, fmt.Errorf("pgstore: append to %q: %w", runID, err)
 		}
@@ -411,9 +494,6 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 			return nil, refuse(runID, row, found, after, evs, nil)
 		}
 		prev = &row
-	}
-	if l != nil {
-		l.row = nil // unknown until the statement's answer is
 	}
 	n := len(evs)
 	ids, kinds, vals, crcs := make([][]byte, n), make([]string, n), make([][]byte, n), make([]int64, n)
@@ -439,22 +519,33 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 		info.Apply(envs[i])
 	}
 	next := newRow(info)
+	var owner *string // the lease this append holds, if any
+	if l != nil {
+		owner = &s.owner
+	}
 	q, args := s.q.start, []any{runID, ids, kinds, vals, crcs,
-		string(info.Status), info.Steps, info.Events, string(info.StopReason), info.LastEvent, info.LastID[:], info.FirstEvent, int64(next.crc)}
+		string(info.Status), info.Steps, info.Events, string(info.StopReason), info.LastEvent, info.LastID[:], info.FirstEvent, int64(next.crc),
+		owner, s.leaseTerm.Microseconds()}
 	if prev != nil {
 		p := prev.info
 		q, args[11] = s.q.cont, after[:]
-		args = append(args, p.Steps, p.Events, string(p.StopReason), p.FirstEvent, p.LastEvent, int64(prev.crc))
+		args = append(args[:13], p.Steps, p.Events, string(p.StopReason), p.FirstEvent, p.LastEvent, int64(prev.crc),
+			owner, s.leaseTerm.Microseconds())
 	}
-	tag, err := retry(ctx, func() (pgconn.CommandTag, error) { return w.Exec(ctx, q, args...) })
+	sent := time.Now()
+	rows, err := s.exec(ctx, runID, q, args)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written unless the commit's answer was lost; Load tells): %w", n, runID, err)
 	}
-	if tag.RowsAffected() != int64(n) {
-		return nil, s.refusal(ctx, w, runID, after, evs, nil)
+	if rows != int64(n) {
+		return nil, s.refusal(ctx, runID, l, after, evs, nil)
 	}
 	if l != nil {
-		l.row = &next
+		l.mu.Lock()
+		if l.lost == nil { // a lease released meanwhile keeps its verdict
+			l.row, l.onServer, l.valid = &next, true, sent.Add(s.leaseTerm)
+		}
+		l.mu.Unlock()
 	}
 	return envs, nil
 }
@@ -463,11 +554,14 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 var maxULID = ulid.ULID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // refusal explains an append refused against the stream the caller saw
-// (rule, nil when the database found the stream moved): it reads the
-// stream's real state through q and applies seams.CheckAppend to it
-// (refuse), so every store refuses with the same error.
-func (s *Store) refusal(ctx context.Context, q session, runID string, after ulid.ULID, evs []events.Event, rule error) error {
-	row, found, err := s.readRow(ctx, q, runID)
+// (rule, nil when the database found the stream moved, or the lease
+// another's): it reads the stream's real state and applies
+// seams.CheckAppend to it (refuse), so every store refuses with the same
+// error; when the stream would take the append, the lease refused it:
+// held by another (seams.ErrRunLocked), and when l, this process's lease,
+// was the one the append held, it is lost from now on.
+func (s *Store) refusal(ctx context.Context, runID string, l *lease, after ulid.ULID, evs []events.Event, rule error) error {
+	row, found, err := s.readRow(ctx, s.pool, runID)
 	switch {
 	case errors.Is(err, ErrCorrupt):
 		return fmt.Errorf("pgstore: append to %q: %w", runID, err)
@@ -476,8 +570,36 @@ func (s *Store) refusal(ctx context.Context, q session, runID string, after ulid
 	case err != nil:
 		return fmt.Errorf("pgstore: append to %q was refused and its stream's state could not be read: %w", runID, err)
 	}
-	return refuse(runID, row, found, after, evs, rule)
+	err = refuse(runID, row, found, after, evs, rule)
+	if rule != nil || !found || !errors.Is(err, seams.ErrTailMoved) || row.info.LastID != after {
+		return err
+	}
+	// The stream is where the caller saw it: the lease refused the append.
+	h, herr := s.holder(ctx, runID)
+	if herr != nil {
+		return err
+	}
+	var lost error
+	switch {
+	case l != nil && h.owner != s.owner:
+		lost = fmt.Errorf("run %q: %w: this process's lease on it was taken over (held by %q until %s)", runID, seams.ErrRunLocked, h.owner, stamp(h.expires))
+	case l != nil:
+		return err // still ours: the stream moved and back, which tails cannot
+	case h.live:
+		return fmt.Errorf("append to %q: %w by %q until %s", runID, seams.ErrRunLocked, h.owner, stamp(h.expires))
+	default:
+		return err
+	}
+	l.mu.Lock()
+	if l.lost == nil {
+		l.lost = lost
+	}
+	l.mu.Unlock()
+	return lost
 }
+
+// stamp formats a lease's expiry.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // refuse is the error of an append refused against the stream the caller
 // saw, given the run's index row (found false: none).
@@ -536,8 +658,7 @@ func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope)
 }
 
 // HasRun implements seams.RunFinder: whether runID has an index row or
-// events, asked of the pool (never of the session of a driver holding the
-// run, whose appends it would hold up).
+// events.
 func (s *Store) HasRun(ctx context.Context, runID string) (bool, error) {
 	if err := seams.ValidRunID(runID); err != nil {
 		return false, fmt.Errorf("pgstore: has run: %w", err)
@@ -577,9 +698,7 @@ func (s *Store) LoadAfter(ctx context.Context, runID string, seen int, last ulid
 // first: the events after the first seen, the seen-th of which must be
 // seenLast (the index row's anchors checked, not its other columns).
 func (s *Store) load(ctx context.Context, runID string, each func(events.Envelope) error, seen int, seenLast ulid.ULID) ([]events.Envelope, error) {
-	q, _, done := s.sessionFor(runID)
-	defer done()
-	rows, err := q.Query(ctx, s.q.load, runID, int64(max(seen, 1)))
+	rows, err := s.pool.Query(ctx, s.q.load, runID, int64(max(seen, 1)))
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: load run %q: %w", runID, err)
 	}
@@ -727,11 +846,15 @@ func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return out, nil
 }
 
-// Close ends the sessions of the runs this process still holds (their
-// locks go, and their next appends fail) and closes the pool, waiting for
-// other connections in use to be returned.
+// Close gives back the leases of the runs this process still holds (they
+// are free for other workers at once, and their drivers here append
+// nothing more), sends the appends already queued, and closes the pool,
+// waiting for other connections in use to be returned.
 func (s *Store) Close() error {
-	s.endLocks()
+	if s.stop != nil {
+		s.releaseAll()
+		s.stop()
+	}
 	s.pool.Close()
 	return nil
 }

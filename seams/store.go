@@ -63,6 +63,25 @@ type RunLocker interface {
 	LockRun(runID string) (release func(), err error)
 }
 
+// RunLeaser is implemented by a RunLocker whose reservations are leases:
+// held for a term and renewed while the run is driven, so that a driver
+// that dies or is cut off loses its run to another after the term. A
+// driver paused past its term (a stopped process, a long GC pause, a
+// network partition) may find its run taken over when it wakes; the engine
+// therefore asks HoldsRun before every model call and every side effect,
+// and a driver that no longer holds its run stops, executing nothing more.
+// Its appends are refused too (the store's own check, and the tail rule
+// behind it).
+type RunLeaser interface {
+	RunLocker
+	// HoldsRun returns nil when this process still holds runID, renewing
+	// the lease first when what is left of its term is too short to rely
+	// on; an error wrapping ErrRunLocked when the run was taken over or
+	// released; any other error when the lease could not be renewed (the
+	// caller must then act as if the run were lost: it may have been).
+	HoldsRun(ctx context.Context, runID string) error
+}
+
 // Store contract errors. Implementations wrap them; test with errors.Is.
 var (
 	// ErrRunExists: a RunStarted was appended to a stream that has events.

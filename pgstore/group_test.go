@@ -1,0 +1,178 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// TestAppendsQueuedMeanwhileCommitTogether: appends of many runs queued
+// while a statement is in flight go to the server together, in one
+// transaction (their rows share one transaction id), and each run's
+// conditions decide it alone: an append to a run another worker leases is
+// refused in the group, and every other append of it commits. An append
+// the server refuses with an error (its events' numbers taken behind the
+// store's back) aborts its group's transaction; the group is then sent
+// again one append at a time, so that error is its own alone.
+func TestAppendsQueuedMeanwhileCommitTogether(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgstore.Options{MaxConns: 4}) // one sender
+	other := open(t, pgstore.Options{Schema: s.Schema()})
+	const n = 8
+	tails := map[string]ulid.ULID{}
+	for _, id := range []string{"first", "first2", "leased", "clash"} {
+		tails[id] = appendTwo(t, s, id)
+	}
+	for i := range n {
+		for _, p := range []string{"r", "q"} {
+			id := fmt.Sprintf("%s%d", p, i)
+			tails[id] = appendTwo(t, s, id)
+		}
+	}
+	release, err := other.LockRun("leased")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	// The clash: an event numbered where the run's next append goes.
+	exec(t, s.Schema(), `INSERT INTO {{schema}}.events SELECT run_id, 3, id, kind, value, crc FROM {{schema}}.events WHERE run_id = 'clash' AND seq = 2`)
+
+	errs := groupOf(t, s, "first", tails, "leased", "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7")
+	for id, err := range errs {
+		if id == "leased" && !errors.Is(err, seams.ErrRunLocked) {
+			t.Errorf("append to a run another worker leases: %v, want ErrRunLocked", err)
+		}
+		if id != "leased" && err != nil {
+			t.Errorf("append to %s: %v", id, err)
+		}
+	}
+	if txns := transactions(t, s, "r"); txns != 1 {
+		t.Fatalf("the %d queued appends committed in %d transactions, want 1", n, txns)
+	}
+
+	errs = groupOf(t, s, "first2", tails, "clash", "q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7")
+	for id, err := range errs {
+		if id == "clash" && err == nil {
+			t.Errorf("append onto events numbered behind the store's back succeeded")
+		}
+		if id != "clash" && err != nil {
+			t.Errorf("append to %s, grouped with one the server refused: %v", id, err)
+		}
+	}
+	for i := range n {
+		for _, p := range []string{"r", "q"} {
+			if got, err := s.Load(ctx, fmt.Sprintf("%s%d", p, i)); err != nil || len(got) != 3 {
+				t.Fatalf("%s%d: %d events, %v", p, i, len(got), err)
+			}
+		}
+	}
+	if got, err := s.Load(ctx, "leased"); err != nil || len(got) != 2 {
+		t.Fatalf("leased: %d events, %v", len(got), err)
+	}
+}
+
+// groupOf appends the next event of run first and holds it in flight (the
+// runs table locked by another session), appends the next event of each
+// of ids meanwhile, waits until they are queued, lets the first go, and
+// returns each one's error.
+func groupOf(t *testing.T, s *pgstore.Store, first string, tails map[string]ulid.ULID, ids ...string) map[string]error {
+	t.Helper()
+	ctx := context.Background()
+	blocker, err := pgx.Connect(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	results := map[string]chan error{}
+	appendNext := func(id string) {
+		ch := make(chan error, 1)
+		results[id] = ch
+		go func() {
+			_, err := s.Append(ctx, id, tails[id], proptest.SoundStream(id)[2])
+			ch <- err
+		}()
+	}
+	appendNext(first)
+	waitFor(t, "the first append to be in flight", func() bool { return pgstore.Queued(s) == 0 && waiting(t, blocker) })
+	for _, id := range ids {
+		appendNext(id)
+	}
+	waitFor(t, "the appends to be queued", func() bool { return pgstore.Queued(s) == len(ids) })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-results[first]; err != nil {
+		t.Fatalf("the first append: %v", err)
+	}
+	out := map[string]error{}
+	for _, id := range ids {
+		out[id] = <-results[id]
+	}
+	return out
+}
+
+// transactions is how many transactions wrote the third events of the
+// runs whose ids start with prefix.
+func transactions(t *testing.T, s *pgstore.Store, prefix string) int {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	err = conn.QueryRow(context.Background(), `SELECT count(DISTINCT xmin::text) FROM `+pgx.Identifier{s.Schema(), "events"}.Sanitize()+
+		` WHERE starts_with(run_id, $1) AND seq = 3`, prefix).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waiting reports whether some session waits for a lock.
+func waiting(t *testing.T, conn *pgx.Conn) bool {
+	var n int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// appendTwo starts run id with two events and returns its tail.
+func appendTwo(t *testing.T, s *pgstore.Store, id string) ulid.ULID {
+	t.Helper()
+	proptest.AppendEach(t, s, id, proptest.SoundStream(id)[:2])
+	got, err := s.Load(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got[len(got)-1].ID
+}
