@@ -15,7 +15,9 @@
 // them is byte-identical; crc repeats the checksum for SQL's sake. The
 // tables come from embedded, numbered migrations (migrations/*.sql), applied
 // by Open (or Migrate) under a transaction-scoped advisory lock, so workers
-// starting together migrate once; schema_migrations records them. A schema
+// starting together migrate once; schema_migrations records them.
+// Migration 3 adds the runs' lease columns: workers of version 2, which
+// hold runs with session advisory locks, must stop first. A schema
 // at a newer version than SchemaVersion is refused naming both versions;
 // a read-only store refuses any other version. Migration 2 gives the runs
 // rows their checksum, computing it for the rows already there over their
@@ -25,50 +27,101 @@
 //
 // # Appends
 //
-// An append is one SQL statement, so one transaction: it moves the run's
-// index row on — only if the row is still the one the append continues
-// (its last key the tail the caller names, the run not finished, every
-// column and the checksum as the writer read or wrote them) — and inserts
-// the events numbered after the stream's length. The writer computes the
-// new row and its checksum: from the row it wrote itself when this process
-// holds the run's lock (a driver's append is one round trip), else from
-// the row it reads first, whose checksum must hold (a damaged row refuses
-// the append with ErrCorrupt). The database thereby enforces the expected-tail rule: of
-// two workers continuing one run, the second waits for the first's row lock,
-// then finds another last key and writes nothing; of two starting one run,
-// the second's insert of the index row conflicts and writes nothing; and
-// the primary key (run_id, seq) backs both. A refused append is explained by
-// seams.CheckAppend applied to the stream's real state, so every store
-// refuses alike. Keys are minted after the caller's tail (which is the
-// stream's last key whenever the append succeeds), so they increase per run
-// whatever the clocks of the machines say.
+// An append is one SQL statement: it moves the run's index row on — only
+// if the row is still the one the append continues (its last key the tail
+// the caller names, the run not finished, every column and the checksum
+// as the writer read or wrote them, and the run's lease as described
+// below) — and inserts the events numbered after the stream's length. The
+// writer computes the new row and its checksum: from the row it wrote
+// itself when this process holds the run's lease (a driver's append is one
+// statement), else from the row it reads first, whose checksum must hold
+// (a damaged row refuses the append with ErrCorrupt). The database thereby
+// enforces the expected-tail rule: of two workers continuing one run, the
+// second waits for the first's row lock, then finds another last key and
+// writes nothing; of two starting one run, the second's insert of the
+// index row conflicts and writes nothing; and the primary key (run_id,
+// seq) backs both. A refused append is explained by seams.CheckAppend
+// applied to the stream's real state, so every store refuses alike. Keys
+// are minted after the caller's tail (which is the stream's last key
+// whenever the append succeeds), so they increase per run whatever the
+// clocks of the machines say.
+//
+// Appends from many runs are grouped: a statement waits in a queue for
+// one of a few senders (a quarter of the pool, one to four), and what is
+// queued while the senders' statements are in flight goes in the next
+// group — sent as one pgx batch, which PostgreSQL runs as one implicit
+// transaction: one round trip, one commit, one WAL flush. A group holds
+// at most one append per run, in the order they were queued. Each
+// statement's own conditions decide its run: an append refused by its
+// tail or its lease affects no rows and refuses nothing else. A statement
+// the server answers with an error (a constraint a damaged stream breaks)
+// aborts its group's transaction, committing nothing; the group is then
+// sent again one statement at a time, so the error is that append's alone.
 //
 // Durable on commit: every connection runs with synchronous_commit=on,
 // whatever the server's or role's default, so Append returns only after
 // PostgreSQL has flushed its WAL (and, where configured, a synchronous
-// standby has it). Concurrent appends from many runs are group-committed by
-// PostgreSQL itself; nothing in the store serialises them.
+// standby has it).
 //
 // A connection lost mid-append is an error; whether the commit happened is
 // then unknown to the caller, and the engine stops the run. The run stays
 // resumable: Resume loads the stream as committed and continues it (an
 // event that did commit is simply there).
 //
-// # Locks
+// # Leases
 //
-// The store implements seams.RunLocker across processes and machines: the
-// engine reserves a run before reading it, with a session-level advisory
-// lock (pg_try_advisory_lock on the schema and run id) held on a pooled
-// connection until the run returns; the run's appends go through that same
-// connection. A second worker — in this process or any other — is refused
-// at once (engine.ErrRunBusy) before it calls the model or replays
-// anything, so it cannot mistake a live worker's action in flight for a
-// crash's. A worker that dies drops its connection, and PostgreSQL releases
-// the lock. The lock is the courtesy; the tail rule stays the guarantee
-// (a driver that does not lock, or a lock lost with its connection, still
-// cannot continue a run another continued). A running run holds one
-// connection, so Options.MaxConns (DefaultMaxConns) bounds the runs one
-// process drives at once.
+// The store implements seams.RunLeaser across processes and machines with
+// a lease on the run's index row: lease_owner (the store's Owner, by
+// default host, process id and a random suffix) and lease_expires (the
+// server's clock, so the workers' clocks never decide). The engine takes
+// it (LockRun) before it reads a run and gives it back when the run
+// returns. No connection is held in between: a statement takes a pooled
+// connection for as long as it runs, so a run waiting on its model or a
+// tool holds none, and a pool of a few connections serves thousands of
+// runs.
+//
+//   - Taking: a conditional UPDATE sets the owner and an expiry of now
+//     plus the term (Options.LeaseDuration, DefaultLeaseDuration) when the
+//     row has no owner, its lease expired, or the owner is this store's.
+//     A run another live worker holds is refused at once with
+//     seams.ErrRunLocked naming the holder and the expiry (engine.ErrRunBusy
+//     before anything is called or executed). A run without a row yet (one
+//     being started) is reserved in this process; its first append writes
+//     the row with the lease on it, and of two workers starting it the
+//     second is refused there, having done nothing.
+//   - Renewing: every append of the holder sets the expiry to now plus the
+//     term, and once every third of the term one statement renews every
+//     lease of the process with less than two thirds of its term left, so
+//     a run waiting long on its model keeps its lease.
+//   - Holding: the holder's appends require the owner to still be its own;
+//     an append of a worker not holding the lease requires that nobody
+//     live holds it. Before every model call and every side effect the
+//     engine asks HoldsRun, which answers from this process's own clock
+//     when more than a quarter of the term is surely left (measured from
+//     when the renewing statement was sent, before the server set the
+//     expiry) and renews the lease first otherwise.
+//   - Losing: when a renewal or an append finds another owner, or HoldsRun
+//     cannot renew (the server is unreachable), the worker stops driving
+//     the run at that point: it executes nothing more, appends nothing
+//     more, and the engine returns engine.ErrRunBusy (or the renewal's
+//     error; the run stays resumable). A worker that was paused past its
+//     term (SIGSTOP, a GC pause, a partition) finds this out when it
+//     wakes, before its next call, side effect or append. What no lease
+//     design removes: a worker paused between HoldsRun's answer and the
+//     tool call itself may act after its lease expired; a tool that must
+//     be exactly-once keys its effect on the action's result id
+//     (seams.ActionCall.ResultID), which a takeover's replay carries too.
+//   - Releasing: when the run returns the lease is given back (the run is
+//     free to others at once); Close gives back every lease the process
+//     still holds. A worker that dies gives back nothing: its runs are
+//     taken over once their leases expire, one term at most.
+//
+// The lease is the courtesy that spares a second worker's replays; the
+// tail rule stays the guarantee: a driver that does not lease, or whose
+// lease was lost, still cannot continue a run another continued. The
+// lease columns are coordination, not the run's data, so they are outside
+// the row's checksum: a damaged lease at worst keeps a run refused until
+// it expires.
 //
 // # Reading
 //

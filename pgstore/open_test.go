@@ -484,3 +484,48 @@ func TestConnectionErrorsLeadWithTheCause(t *testing.T) {
 		t.Fatalf("error %q shows the password", msg)
 	}
 }
+
+// TestLeaseOptionsComeFromTheDSN: polyloop_owner and polyloop_lease set
+// the owner and the lease's term when the options do not, are not sent
+// to the server, and a lease that is not a duration, or too short to
+// renew, is refused with the reason.
+func TestLeaseOptionsComeFromTheDSN(t *testing.T) {
+	u, err := url.Parse(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(params ...string) string {
+		q := u.Query()
+		for i := 0; i < len(params); i += 2 {
+			q.Set(params[i], params[i+1])
+		}
+		v := *u
+		v.RawQuery = q.Encode()
+		return v.String()
+	}
+	s, err := pgstore.Open(context.Background(), with(pgstore.OwnerParam, "worker-7", pgstore.LeaseParam, "5s"), pgstore.Options{Schema: pgtest.Schema(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Owner() != "worker-7" {
+		t.Fatalf("owner %q, want the DSN's worker-7", s.Owner())
+	}
+	s2, err := pgstore.Open(context.Background(), with(pgstore.OwnerParam, "worker-7"), pgstore.Options{Schema: s.Schema(), Owner: "mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if s2.Owner() != "mine" {
+		t.Fatalf("owner %q, want the option's", s2.Owner())
+	}
+	for _, c := range []struct{ lease, want string }{
+		{"soon", `polyloop_lease="soon" is not a duration`},
+		{"10ms", "too short to renew"},
+	} {
+		_, err := pgstore.Open(context.Background(), with(pgstore.LeaseParam, c.lease), pgstore.Options{Schema: s.Schema()})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("lease %q: %v, want %q", c.lease, err, c.want)
+		}
+	}
+}

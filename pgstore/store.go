@@ -25,6 +25,15 @@ const DefaultSchema = "polyloop"
 // (postgres://host/db?polyloop_schema=agents) when Options.Schema is empty.
 const SchemaParam = "polyloop_schema"
 
+// OwnerParam and LeaseParam are DSN parameters setting Options.Owner and
+// Options.LeaseDuration (a Go duration: polyloop_lease=10s) when the
+// options leave them unset, so commands that take a URL (polyloop-demo,
+// polyloop-admin, a worker's flags) can set them.
+const (
+	OwnerParam = "polyloop_owner"
+	LeaseParam = "polyloop_lease"
+)
+
 // DefaultConnectTimeout bounds connecting to the server (each connection
 // of the pool), unless Options.ConnectTimeout or the DSN's connect_timeout
 // says otherwise.
@@ -71,13 +80,14 @@ type Options struct {
 	// max_connections divided by the number of worker processes.
 	MaxConns int32
 	// LeaseDuration is the term of the leases this store takes on the runs
-	// it drives (DefaultLeaseDuration when zero): how long after a worker
+	// it drives (the DSN's polyloop_lease, else DefaultLeaseDuration, when
+	// zero): how long after a worker
 	// dies, or is cut off from the server, its runs stay refused to the
 	// others. At least a second.
 	LeaseDuration time.Duration
 	// Owner is the id this store's leases carry, shown to operators as the
-	// run's holder; unique per worker (when empty, host name, process id
-	// and a random suffix). A worker restarted under the same owner takes
+	// run's holder; unique per worker (when empty, the DSN's
+	// polyloop_owner, else host name, process id and a random suffix). A worker restarted under the same owner takes
 	// its runs back at once, without waiting for their leases to expire:
 	// give two live workers the same owner and they are one worker.
 	Owner string
@@ -131,6 +141,22 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	if o.Schema == "" {
 		o.Schema = DefaultSchema
+	}
+	if v, ok := cfg.ConnConfig.RuntimeParams[OwnerParam]; ok {
+		delete(cfg.ConnConfig.RuntimeParams, OwnerParam)
+		if o.Owner == "" {
+			o.Owner = v
+		}
+	}
+	if v, ok := cfg.ConnConfig.RuntimeParams[LeaseParam]; ok {
+		delete(cfg.ConnConfig.RuntimeParams, LeaseParam)
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: the connection string's %s=%q is not a duration such as 30s", LeaseParam, v)
+		}
+		if o.LeaseDuration == 0 {
+			o.LeaseDuration = d
+		}
 	}
 	if len(o.Schema) > maxIdentifier {
 		return nil, fmt.Errorf("pgstore: schema name %q is %d bytes; PostgreSQL keeps only %d, so two names could share one schema", o.Schema, len(o.Schema), maxIdentifier)

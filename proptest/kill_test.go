@@ -174,6 +174,9 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		if stores.IsPostgres(storePath) && mode == "run" { // its sessions, to wait for once it is killed
 			childStore += "&application_name=" + sessionName(runID)
 		}
+		if stores.IsPostgres(storePath) { // a killed child's lease expires soon
+			childStore += "&" + pgstore.LeaseParam + "=" + killLease.String()
+		}
 		cmd.Env = append(os.Environ(), childStoreEnv+"="+childStore, childRunEnv+"="+runID, childExecEnv+"="+execLog,
 			childModeEnv+"="+mode, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 		var stdout, stderr strings.Builder
@@ -230,6 +233,11 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		if err != nil {
 			t.Fatalf("kill %d left a store that does not open: %v", kills, err)
 		}
+		// The dead child's lease holds the run until it expires: a
+		// worker taking the run over waits that long at most.
+		if err := waitUnleased(store, runID, 10*killLease); err != nil {
+			t.Fatalf("kill %d: %v", kills, err)
+		}
 		stream, err := store.Load(ctx, runID)
 		if err != nil {
 			t.Fatalf("kill %d: load: %v", kills, err)
@@ -280,6 +288,30 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	}
 	if racing {
 		t.Logf("racing resumes: %d continued the run, %d refused with ErrRunBusy, %d found it finished", raceStats.continued, raceStats.busy, raceStats.finished)
+	}
+}
+
+// killLease is the lease term of the kill test's children on PostgreSQL.
+const killLease = time.Second
+
+// waitUnleased waits until runID can be reserved in store (a dead
+// holder's lease expired), for up to limit.
+func waitUnleased(store seams.RunStore, runID string, limit time.Duration) error {
+	l, ok := store.(seams.RunLocker)
+	if !ok {
+		return nil
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		release, err := l.LockRun(runID)
+		if err == nil {
+			release()
+			return nil
+		}
+		if !errors.Is(err, seams.ErrRunLocked) || time.Now().After(deadline) {
+			return fmt.Errorf("the run is still reserved after %v: %w", limit, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
