@@ -55,6 +55,20 @@ func TestStoreKeepsTheRunStoreContract(t *testing.T) {
 	proptest.RunStoreContract(t, func(t *testing.T) seams.RunStore { return openTemp(t, kv.Options{}) })
 }
 
+// TestStoreKeepsTheRunLeaseContract: one process holds a kv file, so a
+// fleet is one Store shared by every driver; its reservations never
+// expire.
+func TestStoreKeepsTheRunLeaseContract(t *testing.T) {
+	proptest.RunLeaseContract(t, func(t *testing.T, n int, _ time.Duration) ([]seams.RunStore, func(int)) {
+		s := openTemp(t, kv.Options{})
+		fleet := make([]seams.RunStore, n)
+		for i := range fleet {
+			fleet[i] = s
+		}
+		return fleet, nil
+	})
+}
+
 func TestFileIsCreatedWithMode0600(t *testing.T) {
 	s := openTemp(t, kv.Options{})
 	fi, err := os.Stat(s.Path())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
@@ -35,4 +36,21 @@ func TestRunStoreContract(t *testing.T) {
 
 func TestRunDeleterContract(t *testing.T) {
 	proptest.RunDeleterContract(t, func(t *testing.T) proptest.DeletingStore { return open(t, pgstore.Options{}) })
+}
+
+// TestRunLeaseContract: the stores of a fleet are several processes' views
+// of one schema, each with its own pool and owner.
+func TestRunLeaseContract(t *testing.T) {
+	proptest.RunLeaseContract(t, func(t *testing.T, n int, term time.Duration) ([]seams.RunStore, func(int)) {
+		first := open(t, pgstore.Options{LeaseDuration: term})
+		fleet := []*pgstore.Store{first}
+		for range n - 1 {
+			fleet = append(fleet, open(t, pgstore.Options{Schema: first.Schema(), LeaseDuration: term}))
+		}
+		out := make([]seams.RunStore, n)
+		for i, s := range fleet {
+			out[i] = s
+		}
+		return out, func(i int) { pgstore.StopRenewing(fleet[i]) }
+	})
 }

@@ -21,32 +21,6 @@ import (
 // runs its subtests sequentially against stores it opens.
 func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 	ctx := context.Background()
-	mustLoad := func(t *testing.T, s seams.RunStore, run string) []events.Envelope {
-		t.Helper()
-		got, err := s.Load(ctx, run)
-		if err != nil {
-			t.Fatalf("Load(%q): %v", run, err)
-		}
-		return got
-	}
-	// tail is the id of run's last event, or zero: what a writer that has
-	// just loaded the stream names as the tail it continues.
-	tail := func(t *testing.T, s seams.RunStore, run string) ulid.ULID {
-		t.Helper()
-		got := mustLoad(t, s, run)
-		if len(got) == 0 {
-			return ulid.ULID{}
-		}
-		return got[len(got)-1].ID
-	}
-	mustAppend := func(t *testing.T, s seams.RunStore, run string, evs ...events.Event) []events.Envelope {
-		t.Helper()
-		envs, err := s.Append(ctx, run, tail(t, s, run), evs...)
-		if err != nil {
-			t.Fatalf("Append(%q, %d events): %v", run, len(evs), err)
-		}
-		return envs
-	}
 
 	t.Run("UnknownRunLoadsEmptyWithoutError", func(t *testing.T) {
 		s := open(t)
@@ -469,6 +443,38 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 	})
 
 	RunTailerContract(t, open)
+}
+
+// mustLoad is run's stream in s; any error fails the test.
+func mustLoad(t *testing.T, s seams.RunStore, run string) []events.Envelope {
+	t.Helper()
+	got, err := s.Load(context.Background(), run)
+	if err != nil {
+		t.Fatalf("Load(%q): %v", run, err)
+	}
+	return got
+}
+
+// tail is the id of run's last event, or zero: what a writer that has
+// just loaded the stream names as the tail it continues.
+func tail(t *testing.T, s seams.RunStore, run string) ulid.ULID {
+	t.Helper()
+	got := mustLoad(t, s, run)
+	if len(got) == 0 {
+		return ulid.ULID{}
+	}
+	return got[len(got)-1].ID
+}
+
+// mustAppend appends evs to run after its current tail; any error fails
+// the test.
+func mustAppend(t *testing.T, s seams.RunStore, run string, evs ...events.Event) []events.Envelope {
+	t.Helper()
+	envs, err := s.Append(context.Background(), run, tail(t, s, run), evs...)
+	if err != nil {
+		t.Fatalf("Append(%q, %d events): %v", run, len(evs), err)
+	}
+	return envs
 }
 
 // RunTailerContract checks a seams.RunTailer's LoadAfter: from every

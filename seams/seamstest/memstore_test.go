@@ -2,6 +2,7 @@ package seamstest_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/proptest"
@@ -11,6 +12,17 @@ import (
 
 func TestMemStoreKeepsTheRunStoreContract(t *testing.T) {
 	proptest.RunStoreContract(t, func(*testing.T) seams.RunStore { return new(seamstest.MemStore) })
+}
+
+func TestMemStoreKeepsTheRunLeaseContract(t *testing.T) {
+	proptest.RunLeaseContract(t, func(_ *testing.T, n int, _ time.Duration) ([]seams.RunStore, func(int)) {
+		s := new(seamstest.MemStore)
+		fleet := make([]seams.RunStore, n)
+		for i := range fleet {
+			fleet[i] = s
+		}
+		return fleet, nil
+	})
 }
 
 func TestMemStoreKeepsTheRunDeleterContract(t *testing.T) {
