@@ -106,6 +106,9 @@ func runKillChild() int {
 		return 3
 	}
 	defer store.Close()
+	if os.Getenv(childPauseEnv) != "" {
+		return runPausingChild(store, os.Getenv(childRunEnv), os.Getenv(childExecEnv))
+	}
 	counted := &countingStore{RunStore: store}
 	def, req := killAgent(counted, os.Getenv(childRunEnv), os.Getenv(childExecEnv))
 	if os.Getenv(childModeEnv) == "resume" {
@@ -169,7 +172,6 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	}
 
 	child := func(runID, execLog, mode string) (*exec.Cmd, *strings.Builder, *strings.Builder) {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		childStore := storePath
 		if stores.IsPostgres(storePath) && mode == "run" { // its sessions, to wait for once it is killed
 			childStore += "&application_name=" + sessionName(runID)
@@ -177,14 +179,7 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 		if stores.IsPostgres(storePath) { // a killed child's lease expires soon
 			childStore += "&" + pgstore.LeaseParam + "=" + killLease.String()
 		}
-		cmd.Env = append(os.Environ(), childStoreEnv+"="+childStore, childRunEnv+"="+runID, childExecEnv+"="+execLog,
-			childModeEnv+"="+mode, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd, &stdout, &stderr
+		return startChild(t, childStore, runID, execLog, mode)
 	}
 	// Kills are placed by the child's progress, not by the clock, so they
 	// land mid-run however fast this machine is: wait until the child has
@@ -291,6 +286,22 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	}
 }
 
+// startChild starts this test binary as a kill child running (mode "run")
+// or resuming runID on store, logging its executions to execLog, with env
+// added to its environment.
+func startChild(t *testing.T, store, runID, execLog, mode string, env ...string) (*exec.Cmd, *strings.Builder, *strings.Builder) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childStoreEnv+"="+store, childRunEnv+"="+runID, childExecEnv+"="+execLog,
+		childModeEnv+"="+mode, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, &stdout, &stderr
+}
+
 // killLease is the lease term of the kill test's children on PostgreSQL.
 const killLease = time.Second
 
@@ -324,6 +335,13 @@ type countingStore struct {
 
 func (c *countingStore) LockRun(runID string) (func(), error) {
 	return (&proptest.CrashingStore{Inner: c.RunStore}).LockRun(runID)
+}
+
+// HoldsRun forwards to its store's leases (seams.RunLeaser): without it
+// the engine could not tell that a lease was lost, and a driver paused past
+// its lease would execute the action it was about to.
+func (c *countingStore) HoldsRun(ctx context.Context, runID string) error {
+	return (&proptest.CrashingStore{Inner: c.RunStore}).HoldsRun(ctx, runID)
 }
 
 func (c *countingStore) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {

@@ -71,7 +71,10 @@ type RunLocker interface {
 // therefore asks HoldsRun before every model call and every side effect,
 // and a driver that no longer holds its run stops, executing nothing more.
 // Its appends are refused too (the store's own check, and the tail rule
-// behind it).
+// behind it). A store that wraps another must forward HoldsRun with
+// LockRun: the engine finds it by a type assertion on Definition.Store, and
+// a wrapper that hides it leaves a driver that lost its lease free to
+// execute the action it was about to (its appends are still refused).
 type RunLeaser interface {
 	RunLocker
 	// HoldsRun returns nil when this process still holds runID, renewing
