@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -153,12 +154,11 @@ func (s *Store) sendGroup(ctx context.Context, group []*pending) {
 			close(p.done)
 		}
 	}()
-	_, err := retry(ctx, func() (struct{}, error) { return struct{}{}, s.sendOnce(ctx, group) })
+	err := s.sendPatiently(ctx, group)
 	var pe *pgconn.PgError
 	if len(group) > 1 && errors.As(err, &pe) {
 		for _, p := range group {
-			p.err = nil
-			_, p.err = retry(ctx, func() (struct{}, error) { return struct{}{}, s.sendOnce(ctx, []*pending{p}) })
+			p.err = s.sendPatiently(ctx, []*pending{p})
 		}
 		return
 	}
@@ -171,6 +171,26 @@ func (s *Store) sendGroup(ctx context.Context, group []*pending) {
 	}
 }
 
+// sendPatiently is sendOnce, again while it fails without the server
+// having received anything (pgconn.SafeToRetry: no connection could be
+// made, or a pooled one had died idle), for up to the connect timeout
+// with a growing pause: a server restarting or failing over is waited
+// for, and the appends go through once it is back.
+func (s *Store) sendPatiently(ctx context.Context, group []*pending) error {
+	deadline := time.Now().Add(s.connectTimeout)
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		err := s.sendOnce(ctx, group)
+		if err == nil || !pgconn.SafeToRetry(err) || ctx.Err() != nil || time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
 // sendOnce sends group on one pooled connection and records each
 // statement's result. Its error is the first failure (the group's
 // transaction then committed nothing, unless the connection was lost while
@@ -178,7 +198,7 @@ func (s *Store) sendGroup(ctx context.Context, group []*pending) {
 func (s *Store) sendOnce(ctx context.Context, group []*pending) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return notSent{err}
 	}
 	defer conn.Release()
 	if len(group) == 1 {
@@ -213,3 +233,11 @@ func (s *Store) sendOnce(ctx context.Context, group []*pending) error {
 	}
 	return first
 }
+
+// notSent is an error before a statement was sent (no connection could be
+// had): pgconn.SafeToRetry reports it safe to send again.
+type notSent struct{ err error }
+
+func (e notSent) Error() string     { return e.err.Error() }
+func (e notSent) Unwrap() error     { return e.err }
+func (e notSent) SafeToRetry() bool { return true }

@@ -2,8 +2,14 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
@@ -102,4 +108,121 @@ func TestServerRestartUnderARunningAgent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServerRestartUnder64RunningAgents: the server restarts while 64
+// agents run, each waiting on its model, appending or executing at that
+// moment. Every run either finishes as an uninterrupted run does or
+// stops with an error naming the run, and every log is sound; Resume then
+// finishes each stopped run as an uninterrupted one would (one whose
+// start did not commit is run again: it has nothing to resume).
+func TestServerRestartUnder64RunningAgents(t *testing.T) {
+	if os.Getenv(pgtest.DSNEnv) != "" {
+		t.Skip("restarts a throwaway server; " + pgtest.DSNEnv + " names a server of yours")
+	}
+	srv, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		pgtest.Unavailable(t, err)
+	}
+	defer srv.Stop()
+	ctx := context.Background()
+	store, err := pgstore.Open(ctx, srv.DSN, pgstore.Options{MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	const runs, steps = 64, 12
+	replies := make([]string, 0, steps+1)
+	for range steps {
+		replies = append(replies, `TOOL count {}`)
+	}
+	replies = append(replies, "FINAL: done")
+	var executed atomic.Int32
+	reg, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe},
+		Handler: func(context.Context, map[string]any) (string, error) { executed.Add(1); return "3 files", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := func(runID string) (engine.Definition, engine.Request) {
+		model := slowModel{ModelClient: &seamstest.Model{Turns: seamstest.Replies(replies...)}, delay: 5 * time.Millisecond}
+		return engine.Definition{Model: model, Parser: seamstest.Parser{}, Store: store},
+			engine.Request{RunID: runID, Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
+				Budget: engine.Budget{MaxSteps: steps + 2, MaxActions: steps + 2, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}}
+	}
+	run := func(runID string, resume bool) (events.RunResult, error) {
+		def, req := agent(runID)
+		if resume {
+			return engine.Resume(ctx, def, req)
+		}
+		return engine.Run(ctx, def, req)
+	}
+	want, err := run("ref", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, runs)
+	var wg sync.WaitGroup
+	for i := range runs {
+		wg.Go(func() {
+			got, err := run(fmt.Sprintf("a%02d", i), false)
+			if err == nil && (got.StopReason != want.StopReason || len(got.Steps) != len(want.Steps)) {
+				err = fmt.Errorf("ended %s after %d steps, want %s after %d", got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
+				t.Error(err)
+			}
+			errs[i] = err
+		})
+	}
+	// The restart comes a third of the way through, placed by progress,
+	// not the clock.
+	for executed.Load() < int32(steps+runs*steps/3) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	stopped := 0
+	for i, err := range errs {
+		runID := fmt.Sprintf("a%02d", i)
+		stream, lerr := store.Load(ctx, runID)
+		if lerr != nil {
+			t.Fatalf("%s: %v", runID, lerr)
+		}
+		if _, cerr := recovery.Classify(runID, stream); cerr != nil {
+			t.Fatalf("%s: the restart left a corrupt log: %v", runID, cerr)
+		}
+		if err == nil {
+			continue
+		}
+		stopped++
+		if !strings.Contains(err.Error(), runID) || errors.Is(err, engine.ErrRunBusy) {
+			t.Errorf("%s stopped with an error that does not name it, or says busy: %v", runID, err)
+		}
+		if stopped == 1 {
+			t.Logf("%s stopped with: %v", runID, err)
+		}
+		got, err := run(runID, len(stream) > 0) // a run with nothing written is run again
+		if err != nil {
+			t.Fatalf("%s: resume after the restart: %v", runID, err)
+		}
+		if got.StopReason != want.StopReason || len(got.Steps) != len(want.Steps) {
+			t.Fatalf("%s resumed to %s after %d steps, want %s after %d", runID, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
+		}
+	}
+	t.Logf("%d of %d runs went on through the restart, %d stopped with an error and were resumed", runs-stopped, runs, stopped)
+}
+
+// slowModel answers after a delay, as a real model does.
+type slowModel struct {
+	seams.ModelClient
+	delay time.Duration
+}
+
+func (m slowModel) Call(ctx context.Context, c seams.ModelCall) (events.ModelReply, error) {
+	select {
+	case <-time.After(m.delay):
+	case <-ctx.Done():
+		return events.ModelReply{}, ctx.Err()
+	}
+	return m.ModelClient.Call(ctx, c)
 }

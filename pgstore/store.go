@@ -560,7 +560,11 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	sent := time.Now()
 	rows, err := s.exec(ctx, runID, q, args)
-	if err != nil {
+	switch {
+	case err == nil:
+	case pgconn.SafeToRetry(err) || errors.Is(err, errClosed):
+		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written): %w", n, runID, err)
+	default:
 		return nil, fmt.Errorf("pgstore: append %d events to %q (nothing was written unless the commit's answer was lost; Load tells): %w", n, runID, err)
 	}
 	if rows != int64(n) {
