@@ -15,7 +15,7 @@ import (
 const maxGroup = 256
 
 // pending is an append statement waiting for its group. Its result
-// fields are written by the sender before done is closed.
+// fields are written by the leader that sent it before done is closed.
 type pending struct {
 	runID string
 	sql   string
@@ -24,63 +24,40 @@ type pending struct {
 	rows int64 // rows the statement affected
 	err  error
 	done chan struct{}
+	// lead is closed when its appender is made a leader while it waits
+	// (leading says so, guarded by the grouper's mu).
+	lead    chan struct{}
+	leading bool
 }
 
-// grouper queues append statements and hands them to the senders in
-// groups: everything queued while the senders' statements were in flight
-// goes in the next transaction (one round trip, one commit, one WAL
-// flush), at most one statement per run in a group (a run's second append
-// waits for the next), in the order queued.
+// grouper queues append statements for their leaders. An appender that
+// finds fewer than max leaders at work becomes one: it takes what is
+// queued as a group and sends it in one transaction (one round trip, one
+// commit, one WAL flush), again until its own statement was sent; then it
+// hands its leadership to the first appender still waiting, or gives it
+// up when none is. So a lone run's append is sent by its own goroutine,
+// and what is queued while up to max groups are in flight goes together
+// in the next. A group holds at most one statement per run (a run's
+// second append waits for the next group), in the order queued.
 type grouper struct {
-	mu     sync.Mutex
-	ready  *sync.Cond // signalled when queue grows or closed is set
-	queue  []*pending
-	closed bool
+	mu      sync.Mutex
+	queue   []*pending
+	leaders int // appenders leading now
+	max     int
+	closed  bool
+	idle    *sync.Cond // signalled when leaders drops to 0
 }
 
-func newGrouper() *grouper {
-	g := &grouper{}
-	g.ready = sync.NewCond(&g.mu)
+func newGrouper(max int) *grouper {
+	g := &grouper{max: max}
+	g.idle = sync.NewCond(&g.mu)
 	return g
 }
 
-// add queues p, or fails when the store is closing.
-func (g *grouper) add(p *pending) error {
+// take takes a group from the queue (empty when the queue is).
+func (g *grouper) take() []*pending {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
-		return errClosed
-	}
-	g.queue = append(g.queue, p)
-	g.ready.Signal()
-	return nil
-}
-
-// withdraw takes p out of the queue if no sender took it yet: then it was
-// never sent.
-func (g *grouper) withdraw(p *pending) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for i, q := range g.queue {
-		if q == p {
-			g.queue = append(g.queue[:i], g.queue[i+1:]...)
-			return true
-		}
-	}
-	return false
-}
-
-// next waits for appends and takes a group of them: nil once closed and
-// drained.
-func (g *grouper) next() []*pending {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for len(g.queue) == 0 && !g.closed {
-		g.ready.Wait()
-	}
-	if len(g.queue) == 0 {
-		return nil
-	}
 	var (
 		group []*pending
 		rest  = g.queue[:0]
@@ -96,48 +73,97 @@ func (g *grouper) next() []*pending {
 	}
 	clear(g.queue[len(rest):])
 	g.queue = rest
-	if len(rest) > 0 {
-		g.ready.Signal() // another sender may take them now
-	}
 	return group
 }
 
-// close wakes every sender; they send what is queued, then stop.
+// handOff ends a leader's turn: the first waiting appender leads next,
+// or, with none waiting, there is one leader fewer.
+func (g *grouper) handOff() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range g.queue {
+		if !p.leading {
+			p.leading = true
+			close(p.lead)
+			return
+		}
+	}
+	g.leaders--
+	if g.leaders == 0 {
+		g.idle.Broadcast()
+	}
+}
+
+// close refuses new appends and waits until the leaders have sent what
+// was queued.
 func (g *grouper) close() {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.closed = true
-	g.mu.Unlock()
-	g.ready.Broadcast()
+	for g.leaders > 0 {
+		g.idle.Wait()
+	}
 }
 
 // exec queues one append statement and waits for its result: the rows it
 // affected. When ctx ends first, a statement not yet sent is withdrawn
 // (nothing written: ctx's error); one already in flight may still
-// commit, and the error says so.
+// commit, and the error says so. An appender made a leader leads whatever
+// its ctx says: the statements queued behind it depend on it.
 func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64, error) {
-	p := &pending{runID: runID, sql: sql, args: args, done: make(chan struct{})}
-	if err := s.group.add(p); err != nil {
-		return 0, err
+	p := &pending{runID: runID, sql: sql, args: args, done: make(chan struct{}), lead: make(chan struct{})}
+	g := s.group
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return 0, errClosed
 	}
-	select {
-	case <-p.done:
-		return p.rows, p.err
-	case <-ctx.Done():
-		if s.group.withdraw(p) {
-			return 0, ctx.Err()
+	g.queue = append(g.queue, p)
+	leads := g.leaders < g.max
+	if leads {
+		g.leaders++
+		p.leading = true
+	}
+	g.mu.Unlock()
+	if !leads {
+		select {
+		case <-p.done:
+			return p.rows, p.err
+		case <-p.lead:
+		case <-ctx.Done():
+			g.mu.Lock()
+			select {
+			case <-p.lead: // made a leader meanwhile: it must lead
+			default:
+				for i, q := range g.queue {
+					if q == p {
+						g.queue = append(g.queue[:i], g.queue[i+1:]...)
+						g.mu.Unlock()
+						return 0, ctx.Err()
+					}
+				}
+				g.mu.Unlock()
+				return 0, fmt.Errorf("%w while the append was in flight; it may yet commit", ctx.Err())
+			}
+			g.mu.Unlock()
 		}
-		return 0, fmt.Errorf("%w while the append was in flight; it may yet commit", ctx.Err())
 	}
-}
-
-// send runs groups until the grouper is closed and drained.
-func (s *Store) send(ctx context.Context) {
+	// Leading: send groups until this appender's own statement was sent.
 	for {
-		group := s.group.next()
-		if group == nil {
-			return
+		select {
+		case <-p.done:
+			g.handOff()
+			return p.rows, p.err
+		default:
 		}
-		s.sendGroup(ctx, group)
+		group := g.take()
+		if len(group) == 0 {
+			// Another leader is sending this statement: lead no more.
+			g.handOff()
+			<-p.done
+			return p.rows, p.err
+		}
+		s.sendGroup(s.sendCtx, group)
 	}
 }
 

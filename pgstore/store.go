@@ -112,8 +112,10 @@ type Store struct {
 	closed         bool              // Close began; guarded by leaseMu
 	noRenew        bool              // a test's hung worker; guarded by leaseMu
 	group          *grouper          // appends waiting for their transaction
-	stop           context.CancelFunc
-	background     sync.WaitGroup // the senders and the lease renewer
+	sendCtx        context.Context   // grouped appends are sent under it
+	stopSending    context.CancelFunc
+	stop           func()         // Close's: stops the background work
+	background     sync.WaitGroup // the lease renewer
 }
 
 // queries are the statements, with the schema filled in.
@@ -203,7 +205,8 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		owner:          o.Owner,
 		leaseTerm:      o.LeaseDuration,
 		leases:         map[string]*lease{},
-		group:          newGrouper(),
+		// A group in flight holds one connection; reads need the rest.
+		group: newGrouper(int(min(max(cfg.MaxConns/4, 1), 4))),
 	}
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("pgstore: %s: %w", s.target, scrub(err))
@@ -224,30 +227,24 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		return nil, err
 	}
 	if !o.ReadOnly {
-		s.startBackground(cfg.MaxConns)
+		s.startBackground()
 	}
 	return s, nil
 }
 
-// startBackground starts the goroutines a writing store runs until Close:
-// the senders of grouped appends (a quarter of the pool, one to four: a
-// group in flight holds one connection, and reads need the rest) and the
-// lease renewer.
-func (s *Store) startBackground(maxConns int32) {
-	sendCtx, stopSending := context.WithCancel(context.Background())
+// startBackground starts the lease renewer, which runs until Close, and
+// the context grouped appends are sent under, which Close cancels once the
+// appends queued have had the connect timeout to go.
+func (s *Store) startBackground() {
+	s.sendCtx, s.stopSending = context.WithCancel(context.Background())
 	renewCtx, stopRenewing := context.WithCancel(context.Background())
 	s.stop = func() {
 		stopRenewing()
-		// The senders send what is queued, then stop; past the connect
-		// timeout, their statements are cancelled.
+		t := time.AfterFunc(s.connectTimeout, s.stopSending)
 		s.group.close()
-		t := time.AfterFunc(s.connectTimeout, stopSending)
-		s.background.Wait()
 		t.Stop()
-		stopSending()
-	}
-	for range min(max(maxConns/4, 1), 4) {
-		s.background.Go(func() { s.send(sendCtx) })
+		s.stopSending()
+		s.background.Wait()
 	}
 	s.background.Go(func() { s.renewLeases(renewCtx) })
 }
