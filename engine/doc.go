@@ -52,7 +52,18 @@
 // log (seams.RunFinder, or the stream's first event; a run with none is
 // ErrRunNotFound without the lock), so the id of a run that does not exist
 // is held only by a Run starting it, and a Run turned away by the lock
-// fails with an error matching ErrRunExists as well as ErrRunBusy. The guarantee does not rest on the lock: the driver
+// fails with an error matching ErrRunExists as well as ErrRunBusy; so does
+// a Run whose first append finds that another driver started the run
+// meanwhile (a store whose reservations live on the run's own record, such
+// as pgstore's leases, cannot reserve a run that has none yet).
+//
+// A store's reservations may be leases that expire (seams.RunLeaser:
+// pgstore's, across processes). A driver paused past its lease — a
+// stopped process, a partition — may find another driving the run when it
+// wakes, so before every model call and every side effect the driver asks
+// the store whether it still holds the run; when it does not, or cannot
+// tell, it stops there, calling and executing nothing more, and returns
+// ErrRunBusy (or the store's error; the run stays resumable). The guarantee does not rest on the lock: the driver
 // names, on every append, the tail it holds (seams.RunStore.Append), and an
 // append whose tail moved fails; the driver then stops at once, executes
 // nothing more and returns ErrRunBusy. Of two drivers continuing one tail,
