@@ -30,8 +30,9 @@ type pending struct {
 	leading bool
 }
 
-// grouper queues append statements for their leaders. An appender that
-// finds fewer than max leaders at work becomes one: it takes what is
+// grouper queues append statements for their leaders (the store has
+// one: one group in flight). An appender that finds fewer than max
+// leaders at work becomes one: it takes what is
 // queued as a group and sends it in one transaction (one round trip, one
 // commit, one WAL flush), again until its own statement was sent; then it
 // hands its leadership to the first appender still waiting, or gives it
