@@ -147,6 +147,54 @@
 // opened with Options.ReadOnly runs every statement in a read-only
 // transaction and never migrates.
 //
+// # Past one primary
+//
+// One primary carries every append of its runs: on the 2-core machine the
+// benchmarks run on (BENCHMARKS.md, "PostgreSQL at fleet scale"), about
+// 2,800 grouped appends a second, two per step, with the server's CPU the
+// limit; a run's append is one statement of about 0.1 ms of server time.
+// Beyond that a fleet grows in three ways, none of which this package
+// does yet:
+//
+//   - Runs partitioned by id across databases. A run lives in one
+//     database, whole: its stream, its index row and its lease, so every
+//     rule above holds per database unchanged. An opener would take several
+//     URLs and pick a run's database by a stable hash of its id
+//     (rendezvous hashing, so that adding a database moves only the runs
+//     that hash to it, and only if they are moved: a run already written
+//     stays where it is unless copied whole); listings merge the
+//     databases' listings by run id. Throughput grows with the databases,
+//     since no statement touches two runs' rows — except a group, which
+//     would be per database.
+//   - Readers on replicas. A streaming replica applies the primary's
+//     transactions whole and in commit order, so every stream it shows is
+//     a prefix the primary committed, sound: Load and verify pass on it,
+//     and a run's log there is its log as of the replica's lag. The index
+//     rows lag the same way: runs may list a finished run as running, and
+//     the viewer's live page and a follower trail by the lag. A lease read
+//     on a replica is as stale, and its expiry is compared with the
+//     replica's clock. Readers opened ReadOnly never write, so pointing
+//     polyloop-inspect and the viewer at a replica's URL works as it is;
+//     everything that decides — Run, Resume, leases, deletes — goes to the
+//     primary.
+//   - A distributed SQL engine speaking PostgreSQL's protocol (CockroachDB,
+//     YugabyteDB). The store's statements keep to what those engines also
+//     run where that costs nothing: a lease is a conditional UPDATE on the
+//     run's row, not a session advisory lock; the tail rule is a
+//     conditional UPDATE and ON CONFLICT DO NOTHING; no sequences, no
+//     triggers, no foreign keys. What would differ: they run transactions
+//     serializable and answer a conflict with a retryable error (40001)
+//     where PostgreSQL waits for the row lock and re-checks the condition,
+//     so an append would have to retry such an error by reading the row
+//     again (a conflict there is a moved tail, or a lease changing hands);
+//     Migrate takes a transaction-scoped advisory lock, which they lack (a
+//     lock row taken with a conditional INSERT would do); synchronous_commit
+//     and plan_cache_mode are settings they ignore or reject; the listing's
+//     recursive skip scan and the C collation's ordering would need checking
+//     on each; and a commit there is a consensus round between replicas,
+//     so a step costs that round trip instead of a local WAL flush, and
+//     grouping appends matters more.
+//
 // # Connecting
 //
 // Open takes a postgres:// URL or a key=value string as libpq does (the
