@@ -89,7 +89,8 @@ func BenchmarkPostgresConcurrentRuns(b *testing.B) {
 	}
 }
 
-// pgFloor prepares the floor: a table shaped like the store's events, and
+// pgFloor prepares the floor: a table shaped and stored like the store's events (values
+// kept inline up to a page, not compressed again by PostgreSQL), and
 // a function committing one step's two groups of values as two plain
 // autocommit INSERTs from worker w (its own run id), step i.
 func pgFloor(b *testing.B, conns int32) func(w, i int) {
@@ -106,7 +107,8 @@ func pgFloor(b *testing.B, conns int32) func(w, i int) {
 	b.Cleanup(pool.Close)
 	table := pgx.Identifier{pgtest.Schema(b), "floor"}
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{table[0]}.Sanitize()+`;
-CREATE TABLE `+table.Sanitize()+` (run_id text, seq bigint, id bytea, kind text, value bytea, crc bigint, PRIMARY KEY (run_id, seq))`); err != nil {
+CREATE TABLE `+table.Sanitize()+` (run_id text, seq bigint, id bytea, kind text, value bytea, crc bigint, PRIMARY KEY (run_id, seq)) WITH (toast_tuple_target = 8160);
+ALTER TABLE `+table.Sanitize()+` ALTER COLUMN value SET STORAGE EXTERNAL`); err != nil {
 		b.Fatal(err)
 	}
 	insert := `INSERT INTO ` + table.Sanitize() + ` (run_id, seq, id, kind, value, crc)

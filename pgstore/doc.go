@@ -114,9 +114,10 @@
 //     tool call itself may act after its lease expired; a tool that must
 //     be exactly-once keys its effect on the action's result id
 //     (seams.ActionCall.ResultID), which a takeover's replay carries too.
-//   - Releasing: when the run returns the lease is given back (the run is
-//     free to others at once); Close gives back every lease the process
-//     still holds. A worker that dies gives back nothing: its runs are
+//   - Releasing: the append that finishes a run clears its lease in the
+//     same statement; a run that returns unfinished gives its lease back
+//     then (the run is free to others at once); Close gives back every
+//     lease the process still holds. A worker that dies gives back nothing: its runs are
 //     taken over once their leases expire, one term at most.
 //
 // The lease is the courtesy that spares a second worker's replays; the

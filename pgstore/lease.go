@@ -110,7 +110,7 @@ func (s *Store) LockRun(runID string) (func(), error) {
 		if onServer {
 			ctx, cancel := context.WithTimeout(context.Background(), s.connectTimeout)
 			defer cancel()
-			s.pool.Exec(ctx, s.q.release, []string{runID}, s.owner) // on failure, the lease expires
+			s.pool.Exec(ctx, s.q.release, runID, s.owner) // on failure, the lease expires
 		}
 	}), nil
 }
@@ -309,7 +309,7 @@ func (s *Store) releaseAll() {
 	if len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), s.connectTimeout)
 		defer cancel()
-		s.pool.Exec(ctx, s.q.release, ids, s.owner)
+		s.pool.Exec(ctx, s.q.releaseAll, ids, s.owner)
 	}
 }
 

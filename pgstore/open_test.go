@@ -529,3 +529,34 @@ func TestLeaseOptionsComeFromTheDSN(t *testing.T) {
 		}
 	}
 }
+
+// TestTheFinishingAppendGivesTheLeaseBack: the append that finishes a run
+// clears its lease in the same statement, so a holder that dies right
+// after (it never releases) leaves the run free at once.
+func TestTheFinishingAppendGivesTheLeaseBack(t *testing.T) {
+	a := open(t, pgstore.Options{})
+	b := open(t, pgstore.Options{Schema: a.Schema()})
+	stream := proptest.SoundStream("f")
+	proptest.AppendEach(t, a, "f", stream[:3])
+	if _, err := a.LockRun("f"); err != nil { // never released
+		t.Fatal(err)
+	}
+	pgstore.StopRenewing(a)
+	got, err := a.Load(context.Background(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail := got[len(got)-1].ID
+	for _, ev := range stream[3:] {
+		envs, err := a.Append(context.Background(), "f", tail, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tail = envs[0].ID
+	}
+	release, err := b.LockRun("f")
+	if err != nil {
+		t.Fatalf("a finished run's lease outlived its last append: %v", err)
+	}
+	release()
+}

@@ -121,7 +121,7 @@ type Store struct {
 // queries are the statements, with the schema filled in.
 type queries struct {
 	start, cont, row, load, runs, deletable, delete, has string
-	take, holder, renew, release                         string
+	take, holder, renew, release, releaseAll             string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -385,7 +385,8 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// other's commit and writes nothing).
 		start: sub(`WITH r AS (
 	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc, lease_owner, lease_expires)
-	VALUES ($1, $6, $7, $8, $9, $12, $10, $11, $13, $14::text, CASE WHEN $14::text IS NULL THEN NULL ELSE now() + $15::bigint * interval '1 microsecond' END)
+	VALUES ($1, $6, $7, $8, $9, $12, $10, $11, $13, CASE WHEN $6 = 'finished' THEN NULL ELSE $14::text END,
+		CASE WHEN $14::text IS NULL OR $6 = 'finished' THEN NULL ELSE now() + $15::bigint * interval '1 microsecond' END)
 	ON CONFLICT (run_id) DO NOTHING
 	RETURNING 0::bigint AS base)` + insertEvents),
 		// A continued run: its index row becomes the one the append
@@ -396,11 +397,14 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// behind the store's back is not written over. A lease holder
 		// ($20, the owner) appends only while the lease is its own, and
 		// its append renews it for $21 microseconds; an append without a
-		// lease ($20 null) only while nobody live holds one.
+		// lease ($20 null) only while nobody live holds one. An append
+		// finishing the run gives the lease back.
 		cont: sub(`WITH r AS (
 	UPDATE {{schema}}.runs SET status = $6, steps = $7, events = $8,
 		stop_reason = $9, last_event = $10, last_id = $11, crc = $13,
-		lease_expires = CASE WHEN $20::text IS NULL THEN lease_expires ELSE now() + $21::bigint * interval '1 microsecond' END
+		lease_owner = CASE WHEN $6 = 'finished' THEN NULL ELSE lease_owner END,
+		lease_expires = CASE WHEN $6 = 'finished' THEN NULL WHEN $20::text IS NULL THEN lease_expires
+			ELSE now() + $21::bigint * interval '1 microsecond' END
 	WHERE run_id = $1 AND last_id = $12 AND status = 'running' AND steps = $14 AND events = $15
 		AND stop_reason = $16 AND first_event = $17 AND last_event = $18 AND crc = $19
 		AND CASE WHEN $20::text IS NULL THEN lease_owner IS NULL OR lease_expires <= now() ELSE lease_owner = $20::text END
@@ -414,8 +418,11 @@ WHERE run_id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires 
 		// The leases of runs $1 still held by owner $2, renewed.
 		renew: sub(`UPDATE {{schema}}.runs SET lease_expires = now() + $3::bigint * interval '1 microsecond'
 WHERE run_id = ANY($1::text[]) AND lease_owner = $2 RETURNING run_id`),
-		// The leases of runs $1 held by owner $2, given back.
+		// The lease of run $1 held by owner $2, given back.
 		release: sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL
+WHERE run_id = $1 AND lease_owner = $2`),
+		// The leases of runs $1 held by owner $2, given back.
+		releaseAll: sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL
 WHERE run_id = ANY($1::text[]) AND lease_owner = $2`),
 		row: sub(`SELECT ` + rowColumns("") + ` FROM {{schema}}.runs WHERE run_id = $1`),
 		// Whether a run has anything stored: two index probes.
@@ -574,7 +581,11 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	if l != nil {
 		l.mu.Lock()
-		if l.lost == nil { // a lease released meanwhile keeps its verdict
+		switch {
+		case l.lost != nil: // a lease released meanwhile keeps its verdict
+		case info.Status == seams.StatusFinished: // the append gave the lease back
+			l.row, l.onServer, l.lost = &next, false, fmt.Errorf("run %q: %w: it is finished", runID, seams.ErrRunFinished)
+		default:
 			l.row, l.onServer, l.valid = &next, true, sent.Add(s.leaseTerm)
 		}
 		l.mu.Unlock()

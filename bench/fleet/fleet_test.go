@@ -389,7 +389,8 @@ func (r *rows) add(o *rows) {
 	r.crcs = append(r.crcs, o.crcs...)
 }
 
-// floor is the raw pgx floor: a table shaped like the store's events, and
+// floor is the raw pgx floor: a table shaped and stored like the store's events (values
+// kept inline up to a page, not compressed again by PostgreSQL), and
 // its insert.
 type floor struct {
 	pool   *pgxpool.Pool
@@ -424,7 +425,8 @@ func newFloor(tb testing.TB, dsn string, conns int32, grouped bool) *floor {
 	tb.Cleanup(pool.Close)
 	f := &floor{pool: pool, table: pgx.Identifier{pgtest.Schema(tb), "events"}}
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{f.table[0]}.Sanitize()+`;
-CREATE TABLE `+f.table.Sanitize()+` (run_id text, seq bigint, id bytea, kind text, value bytea, crc bigint, PRIMARY KEY (run_id, seq))`); err != nil {
+CREATE TABLE `+f.table.Sanitize()+` (run_id text, seq bigint, id bytea, kind text, value bytea, crc bigint, PRIMARY KEY (run_id, seq)) WITH (toast_tuple_target = 8160);
+ALTER TABLE `+f.table.Sanitize()+` ALTER COLUMN value SET STORAGE EXTERNAL`); err != nil {
 		tb.Fatal(err)
 	}
 	f.insert = `INSERT INTO ` + f.table.Sanitize() + ` (run_id, seq, id, kind, value, crc)
