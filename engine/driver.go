@@ -37,14 +37,27 @@ func Run(ctx context.Context, def Definition, req Request) (events.RunResult, er
 	if err != nil {
 		return events.RunResult{}, err
 	}
-	defer release()
 	existing, err := def.Store.Load(ctx, req.RunID)
 	if err != nil {
+		release()
 		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
 	}
 	if len(existing) > 0 {
-		return events.RunResult{}, fmt.Errorf("engine: run %q: %w", req.RunID, ErrRunExists)
+		release()
+		exists := fmt.Errorf("engine: run %q: %w", req.RunID, ErrRunExists)
+		// A store whose reservations live on the run's own record (pgstore's
+		// leases) reserved a run that had none yet; another driver started
+		// it since. Asking again tells whether that driver holds it now.
+		again, err := lockRun(def.Store, req.RunID)
+		if errors.Is(err, ErrRunBusy) {
+			return events.RunResult{}, fmt.Errorf("%w: %w", exists, err)
+		}
+		if err == nil {
+			again()
+		}
+		return events.RunResult{}, exists
 	}
+	defer release()
 	return newDriver(def, req, ulid.ULID{}).drive(ctx, newMachine(cfg))
 }
 

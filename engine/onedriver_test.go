@@ -291,3 +291,41 @@ func TestConcurrentStartsOfOneRunLoseWithErrRunExists(t *testing.T) {
 		})
 	}
 }
+
+// recordReservations is a store whose reservations live on the run's own
+// record, as pgstore's leases do: its first reservation of a run is taken
+// as if the run had no record yet (nothing to hold), and every later one
+// is refused while held says another driver holds the run.
+type recordReservations struct {
+	seams.RunStore
+	reserved int
+	held     bool
+}
+
+func (s *recordReservations) LockRun(runID string) (func(), error) {
+	s.reserved++
+	if s.reserved > 1 && s.held {
+		return nil, fmt.Errorf("run %q: %w by another worker", runID, seams.ErrRunLocked)
+	}
+	return func() {}, nil
+}
+
+// TestARunStartedMeanwhileByAnotherDriverIsBusy: a Run whose reservation
+// was taken before the run existed finds it started by another driver: if
+// that driver holds it, the error says the run exists and is busy; if it
+// let go, only that it exists.
+func TestARunStartedMeanwhileByAnotherDriverIsBusy(t *testing.T) {
+	for _, held := range []bool{true, false} {
+		mem := &seamstest.MemStore{}
+		proptest.AppendEach(t, mem, "r", proptest.SoundStream("r")[:2])
+		store := &recordReservations{RunStore: mem, held: held}
+		a := newAgent(store, "r", seamstest.Replies("FINAL: done")...)
+		_, err := engine.Run(context.Background(), a.def, a.req)
+		if !errors.Is(err, engine.ErrRunExists) || errors.Is(err, engine.ErrRunBusy) != held {
+			t.Errorf("run started meanwhile by another driver (held %v): %v, want ErrRunExists, and ErrRunBusy when held", held, err)
+		}
+		if store.reserved != 2 {
+			t.Errorf("the run was reserved %d times, want 2 (once before loading, once after finding it)", store.reserved)
+		}
+	}
+}

@@ -102,7 +102,11 @@ func (s *Store) LockRun(runID string) (func(), error) {
 		return nil, err
 	}
 	return sync.OnceFunc(func() {
-		forget()
+		// The run stays reserved in this process until its lease is given
+		// back on the server: a driver of this process reserving it
+		// meanwhile would take the lease under the same owner, and this
+		// release would then clear that driver's lease.
+		defer forget()
 		l.mu.Lock()
 		onServer := l.onServer && l.lost == nil
 		l.lost = fmt.Errorf("run %q: %w: this driver released it", runID, seams.ErrRunLocked)
