@@ -29,8 +29,10 @@
 // runs settle into two cohorts that take turns, each commit carrying half
 // of them; with it one commit carries most. (PostgreSQL's commit_delay is a
 // cousin: it sleeps once before the flush, when enough other transactions
-// are open.) The leader then hands leadership to the oldest waiting
-// appender. A lone append never hands off to another goroutine, and waits
+// are open.) When a single yield outlasts the delay, the processors are
+// busy enough that appends queue on their own, and the leader commits
+// without waiting further. The leader then hands leadership to the oldest
+// waiting appender. A lone append never hands off to another goroutine, and waits
 // for company only right after a commit of several appends (anyone's): a
 // run appending alone commits at once. (bbolt's own Batch waits up to its
 // MaxBatchDelay for company whatever came before, which makes a lone run's

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -264,7 +265,7 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		// The file check passed, so this is unexpected: report it as damage.
 		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
-	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now}
+	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now, yield: runtime.Gosched}
 	if s.maxGroup <= 0 {
 		s.maxGroup = 1024
 	}
