@@ -249,7 +249,12 @@ func (s *Store) commit(group []*appendRequest) {
 			}
 		}
 	}
-	s.mu.Lock()
+	// Without mu: the requests are taken, so no appender withdraws them or
+	// is made the leader through them (only the committing leader's own
+	// has lead set); each waiter reads its result once its wake is closed.
+	// Waking a group of hundreds takes a while, and a leader preempted
+	// meanwhile (it may have run its whole time slice) would hold up every
+	// appender waiting for mu.
 	for _, r := range group {
 		if err != nil {
 			// The transaction failed: nothing of the group was written.
@@ -263,7 +268,6 @@ func (s *Store) commit(group []*appendRequest) {
 			close(r.wake)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // writeError is a failure after an append began writing: the transaction

@@ -32,7 +32,8 @@
 // are open.) When a single yield outlasts the delay, the processors are
 // busy enough that appends queue on their own, and the leader commits
 // without waiting further. The leader then hands leadership to the oldest
-// waiting appender. A lone append never hands off to another goroutine, and waits
+// waiting appender, waking the group's appenders without holding the
+// queue's lock. A lone append never hands off to another goroutine, and waits
 // for company only right after a commit of several appends (anyone's): a
 // run appending alone commits at once. (bbolt's own Batch waits up to its
 // MaxBatchDelay for company whatever came before, which makes a lone run's
