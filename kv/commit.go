@@ -39,6 +39,17 @@ const DefaultCommitDelay = 30 * time.Microsecond
 // arrivals is held for up to one delay per append in it.)
 const MaxCommitDelay = time.Millisecond
 
+// DefaultMaxGroup is how many appends one transaction serves unless
+// Options.MaxGroup says otherwise. The leader applies its group without
+// pause: with thousands of runs appending, groups four times larger kept it
+// past the Go scheduler's time slice, so it was preempted and queued behind
+// the very runs it was to release while the group's first appends waited,
+// and the runs it released came back all at once. A group this size is
+// applied in a few milliseconds, and the runs one commit releases compute
+// their next appends while the leader commits the next group
+// (BENCHMARKS.md, "Fleet", has the measurements).
+const DefaultMaxGroup = 256
+
 type appendRequest struct {
 	runID string
 	after ulid.ULID

@@ -31,10 +31,14 @@
 // cousin: it sleeps once before the flush, when enough other transactions
 // are open.) When a single yield outlasts the delay, the processors are
 // busy enough that appends queue on their own, and the leader commits
-// without waiting further. The leader then hands leadership to the oldest
-// waiting appender, waking the group's appenders without holding the
-// queue's lock. A lone append never hands off to another goroutine, and waits
-// for company only right after a commit of several appends (anyone's): a
+// without waiting further. A group holds at most Options.MaxGroup appends
+// (DefaultMaxGroup): small enough that the leader applies it within a
+// scheduler time slice, and that with thousands of runs the runs one commit
+// releases compute their next appends while the leader commits the next
+// group. The leader then hands leadership to the oldest waiting appender,
+// waking the group's appenders without holding the queue's lock. A lone
+// append never hands off to another goroutine, and waits for company only
+// right after a commit of several appends (anyone's): a
 // run appending alone commits at once. (bbolt's own Batch waits up to its
 // MaxBatchDelay for company whatever came before, which makes a lone run's
 // durable write many times slower.) A refused append in a group

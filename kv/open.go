@@ -267,7 +267,7 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 	}
 	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now, yield: runtime.Gosched}
 	if s.maxGroup <= 0 {
-		s.maxGroup = 1024
+		s.maxGroup = DefaultMaxGroup
 	}
 	switch s.delay = o.CommitDelay; {
 	case s.delay == 0 && !o.NoSync:

@@ -268,6 +268,16 @@ func TestClosingEndsTheCommitDelay(t *testing.T) {
 	}
 }
 
+// TestOpenResolvesMaxGroup: what Options.MaxGroup becomes.
+func TestOpenResolvesMaxGroup(t *testing.T) {
+	for _, c := range []struct{ set, want int }{{0, DefaultMaxGroup}, {-1, DefaultMaxGroup}, {1, 1}, {4096, 4096}} {
+		s := queueStore(t, Options{MaxGroup: c.set})
+		if s.maxGroup != c.want {
+			t.Errorf("Options.MaxGroup %d: a group holds up to %d appends, want %d", c.set, s.maxGroup, c.want)
+		}
+	}
+}
+
 // TestOpenResolvesTheCommitDelay: what Options.CommitDelay becomes, and the
 // bound Open holds it to.
 func TestOpenResolvesTheCommitDelay(t *testing.T) {

@@ -54,7 +54,8 @@ type Options struct {
 	// NoSync skips fsync. Data may be lost on a machine crash; for
 	// benchmarks that measure CPU only.
 	NoSync bool
-	// MaxGroup caps how many appends one transaction serves; zero means 1024.
+	// MaxGroup caps how many appends one transaction serves; zero (or
+	// less) means DefaultMaxGroup.
 	MaxGroup int
 	// CommitDelay is how long the committing leader, having applied every
 	// append queued, waits for one more to join its transaction before it
