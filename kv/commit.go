@@ -234,6 +234,10 @@ func (s *Store) commit(group []*appendRequest) {
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
+			if _, inLog := s.layout.(logLayout); inLog {
+				// Entries filed by first key: a new run's goes to the end.
+				index.FillPercent = streamFillPercent
+			}
 			for i := 0; ; i++ {
 				if i == len(group) {
 					// Appends queued while the group was applied join it,

@@ -168,7 +168,10 @@
 //     Filed by first key rather than run id, the entries of the runs being
 //     driven — the newest — sit together at the index's end, where filed
 //     by run id many runs' commits would rewrite the index leaves their
-//     scattered ids fall in (BenchmarkTextAppend with finished runs).
+//     scattered ids fall in (BenchmarkTextAppend with finished runs). As
+//     in the log, new keys come at the end, so its leaves are filled
+//     whole: the fewer leaves hold the driven runs' entries, the fewer a
+//     commit rewrites.
 //     What it costs: the first-key record is how a run is found; lost, the
 //     run's entry is listed as damaged under the run it names, and its
 //     events are not found without a full scan.

@@ -3,12 +3,14 @@ package kv
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
+	bolt "go.etcd.io/bbolt"
 	"pgregory.net/rapid"
 
 	"github.com/polyloop/polyloop/events"
@@ -68,5 +70,34 @@ func TestTheEntryEncodingReportsAFailedWrite(t *testing.T) {
 	err := msgpack.NewEncoder(failingWriter{}).Encode(&storedInfo{entry: entry{RunID: "r"}, CRC: &sum})
 	if err == nil || !strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("encoding to a failing writer: %v", err)
+	}
+}
+
+// TestTheLogsIndexFillsItsPagesWhole: in the log, index entries are filed
+// by first key, so a new run's entry goes to the index's end, as a new
+// event goes to the log's: the index's leaves are filled whole, not split
+// half full (bbolt's default, for random inserts). Fewer leaves hold the
+// entries of the runs being driven, and every commit rewrites the leaves
+// its runs' entries sit in.
+func TestTheLogsIndexFillsItsPagesWhole(t *testing.T) {
+	s := queueStore(t, Options{NoSync: true})
+	errs := make(chan error, 64)
+	for i := range 2000 {
+		appendAsync(s, fmt.Sprintf("run-%04d", i), errs)
+		if i%64 == 63 {
+			receive(t, errs, 64, "the appends did not commit")
+		}
+	}
+	receive(t, errs, 2000%64, "the appends did not commit")
+	err := s.db.View(func(tx *bolt.Tx) error {
+		st := tx.Bucket(indexBucket).Stats()
+		if fill := float64(st.LeafInuse) / float64(st.LeafAlloc); st.LeafPageN < 4 || fill < 0.9 {
+			t.Errorf("2,000 runs' entries in %d leaves of %d bytes, %.0f%% in use; want them filled (≥ 90%%)",
+				st.LeafPageN, st.LeafAlloc/max(st.LeafPageN, 1), 100*fill)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

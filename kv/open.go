@@ -29,8 +29,9 @@ func pageSizeOf(o Options) int {
 	return DefaultPageSize
 }
 
-// streamFillPercent is how full a stream's pages are filled before they
-// split (bbolt's default, 0.5, suits random inserts).
+// streamFillPercent is how full a stream's pages, and in the log the
+// index's, are filled before they split: new keys come at their end
+// (bbolt's default, 0.5, suits random inserts).
 const streamFillPercent = 1.0
 
 // Store format versions, written at creation into the format marker. A
