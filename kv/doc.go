@@ -73,8 +73,8 @@
 // above the highest it has held needs no lookup for that. The leader skips
 // decoding an index entry that is, byte for byte, the one this process
 // wrote with the run's last append (writtenEntries), and encodes entries
-// without reflection. Keys are ULIDs minted after that last key
-// (events.IDSource.NextAfter), whatever the clock says: after a process wrote with its clock
+// byte by byte, without msgpack's encoder. Keys are ULIDs minted after
+// that last key (events.IDSource.NextAfter), whatever the clock says: after a process wrote with its clock
 // ahead (an NTP step, a VM migration, a restored snapshot), the run's next
 // keys carry the future millisecond, incremented, until the clock catches
 // up. What that leaves behind: event times read from keys (Envelope.Time,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,48 @@ func TestTheEntryEncodingIsReflections(t *testing.T) {
 			t.Fatalf("hand-written entry\n%x\nreflection\n%x", got, want)
 		}
 	})
+}
+
+// TestTheEntryEncodingIsReflectionsAtItsBoundaries: msgpack writes an
+// integer, a string and a timestamp in more or fewer bytes by its size;
+// the hand-written entry changes form exactly where reflection does, on
+// either side of every boundary.
+func TestTheEntryEncodingIsReflectionsAtItsBoundaries(t *testing.T) {
+	var ints []int64
+	for _, edge := range []int64{0, 1 << 7, 1 << 8, 1 << 15, 1 << 16, 1 << 31, 1 << 32, 1 << 62} {
+		ints = append(ints, edge-1, edge, -edge, -edge-1)
+	}
+	ints = append(ints, 31, 32, 33, -31, -32, -33, math.MaxInt64, math.MinInt64)
+	var strs []string
+	for _, n := range []int{0, 31, 32, 255, 256, 65535, 65536} {
+		strs = append(strs, strings.Repeat("r", n))
+	}
+	var times []time.Time
+	for _, secs := range []int64{0, 1<<32 - 1, 1 << 32, 1<<34 - 1, 1 << 34, -1, -1 << 34, math.MaxInt64 / 2} {
+		times = append(times, time.Unix(secs, 0), time.Unix(secs, 1), time.Unix(secs, 999999999))
+	}
+	times = append(times, time.Time{})
+	var cases []storedInfo
+	sum := uint32(0xdeadbeef)
+	for _, n := range ints {
+		cases = append(cases, storedInfo{entry: entry{Steps: int(n), Events: int(n)}, CRC: &sum})
+	}
+	for _, s := range strs {
+		cases = append(cases, storedInfo{entry: entry{RunID: s, Status: Status(s), StopReason: events.StopReason(s)}})
+	}
+	for _, tm := range times {
+		cases = append(cases, storedInfo{entry: entry{FirstEvent: tm, LastEvent: tm}, CRC: &sum})
+	}
+	for _, c := range cases {
+		want, err := msgpack.Marshal((*reflectedInfo)(&c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.appendMsgpack(nil); !bytes.Equal(got, want) {
+			t.Errorf("steps %d, run id of %d bytes, first event %v: hand-written entry\n%x\nreflection\n%x",
+				c.Steps, len(c.RunID), c.FirstEvent, got, want)
+		}
+	}
 }
 
 // failingWriter refuses every write.
