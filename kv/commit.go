@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -23,10 +22,13 @@ import (
 // The leader polls while it waits: it yields its processor
 // (runtime.Gosched), so the appenders it waits for run, and looks at the
 // queue again; with nothing else to run, that keeps a core busy for the
-// delay, hence MaxCommitDelay. It waits only after a commit that carried
-// more than one append, whoever's: a store with one run appending never
-// waits, and one whose other runs have stopped waits once, after the last
-// commit they shared.
+// delay, hence MaxCommitDelay. When one yield alone outlasts the delay,
+// the processors are busy with other goroutines, whose appends queue
+// without being waited for, and each further yield would put the leader,
+// on whom every appender waits, behind them: that commit waits no more.
+// It waits only after a commit that carried more than one append,
+// whoever's: a store with one run appending never waits, and one whose
+// other runs have stopped waits once, after the last commit they shared.
 const DefaultCommitDelay = 30 * time.Microsecond
 
 // MaxCommitDelay bounds Options.CommitDelay: a millisecond, three lone
@@ -36,6 +38,17 @@ const DefaultCommitDelay = 30 * time.Microsecond
 // as each append that joins starts the wait again, a group under steady
 // arrivals is held for up to one delay per append in it.)
 const MaxCommitDelay = time.Millisecond
+
+// DefaultMaxGroup is how many appends one transaction serves unless
+// Options.MaxGroup says otherwise. The leader applies its group without
+// pause: with thousands of runs appending, groups four times larger kept it
+// past the Go scheduler's time slice, so it was preempted and queued behind
+// the very runs it was to release while the group's first appends waited,
+// and the runs it released came back all at once. A group this size is
+// applied in a few milliseconds, and the runs one commit releases compute
+// their next appends while the leader commits the next group
+// (BENCHMARKS.md, "Fleet", has the measurements).
+const DefaultMaxGroup = 256
 
 type appendRequest struct {
 	runID string
@@ -179,12 +192,16 @@ func (s *Store) join(group []*appendRequest) []*appendRequest {
 // was taken. When none has, and the last commit carried more than one, it
 // waits for one (Options.CommitDelay): it polls the queue, yielding the
 // processor in between, until an append joins, the delay passes or the
-// store is closed. It returns group with what joined, or as it was.
-func (s *Store) more(group []*appendRequest) []*appendRequest {
+// store is closed. A single yield that outlasts the delay says the
+// processors are busy with other goroutines: their appends queue without
+// being waited for, and each further yield would put the leader, on whom
+// every appender waits, behind them. *busy is then set, and the commit
+// waits no more. It returns group with what joined, or as it was.
+func (s *Store) more(group []*appendRequest, busy *bool) []*appendRequest {
 	n := len(group)
 	s.mu.Lock()
 	group = s.join(group)
-	wait := len(group) == n && s.delay > 0 && s.lastGroup > 1 && n < s.maxGroup
+	wait := len(group) == n && s.delay > 0 && s.lastGroup > 1 && n < s.maxGroup && !*busy
 	if wait {
 		s.waits++
 	}
@@ -193,7 +210,11 @@ func (s *Store) more(group []*appendRequest) []*appendRequest {
 		return group
 	}
 	for deadline := time.Now().Add(s.delay); len(group) == n && time.Now().Before(deadline); {
-		runtime.Gosched()
+		yielded := time.Now()
+		s.yield()
+		if time.Since(yielded) >= s.delay {
+			*busy = true
+		}
 		s.mu.Lock()
 		group = s.join(group)
 		closed := s.closed
@@ -206,17 +227,22 @@ func (s *Store) more(group []*appendRequest) []*appendRequest {
 }
 
 func (s *Store) commit(group []*appendRequest) {
+	busy := false // see more
 	err := withFaultsAsPanics(func() (err error) {
 		return s.db.Update(func(tx *bolt.Tx) error {
 			index := tx.Bucket(indexBucket)
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
+			if _, inLog := s.layout.(logLayout); inLog {
+				// Entries filed by first key: a new run's goes to the end.
+				index.FillPercent = streamFillPercent
+			}
 			for i := 0; ; i++ {
 				if i == len(group) {
 					// Appends queued while the group was applied join it,
 					// and those that queue soon after.
-					if group = s.more(group); i == len(group) {
+					if group = s.more(group, &busy); i == len(group) {
 						return nil
 					}
 				}
@@ -238,7 +264,12 @@ func (s *Store) commit(group []*appendRequest) {
 			}
 		}
 	}
-	s.mu.Lock()
+	// Without mu: the requests are taken, so no appender withdraws them or
+	// is made the leader through them (only the committing leader's own
+	// has lead set); each waiter reads its result once its wake is closed.
+	// Waking a group of hundreds takes a while, and a leader preempted
+	// meanwhile (it may have run its whole time slice) would hold up every
+	// appender waiting for mu.
 	for _, r := range group {
 		if err != nil {
 			// The transaction failed: nothing of the group was written.
@@ -252,7 +283,6 @@ func (s *Store) commit(group []*appendRequest) {
 			close(r.wake)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // writeError is a failure after an append began writing: the transaction

@@ -29,9 +29,16 @@
 // runs settle into two cohorts that take turns, each commit carrying half
 // of them; with it one commit carries most. (PostgreSQL's commit_delay is a
 // cousin: it sleeps once before the flush, when enough other transactions
-// are open.) The leader then hands leadership to the oldest waiting
-// appender. A lone append never hands off to another goroutine, and waits
-// for company only right after a commit of several appends (anyone's): a
+// are open.) When a single yield outlasts the delay, the processors are
+// busy enough that appends queue on their own, and the leader commits
+// without waiting further. A group holds at most Options.MaxGroup appends
+// (DefaultMaxGroup): small enough that the leader applies it within a
+// scheduler time slice, and that with thousands of runs the runs one commit
+// releases compute their next appends while the leader commits the next
+// group. The leader then hands leadership to the oldest waiting appender,
+// waking the group's appenders without holding the queue's lock. A lone
+// append never hands off to another goroutine, and waits for company only
+// right after a commit of several appends (anyone's): a
 // run appending alone commits at once. (bbolt's own Batch waits up to its
 // MaxBatchDelay for company whatever came before, which makes a lone run's
 // durable write many times slower.) A refused append in a group
@@ -66,8 +73,8 @@
 // above the highest it has held needs no lookup for that. The leader skips
 // decoding an index entry that is, byte for byte, the one this process
 // wrote with the run's last append (writtenEntries), and encodes entries
-// without reflection. Keys are ULIDs minted after that last key
-// (events.IDSource.NextAfter), whatever the clock says: after a process wrote with its clock
+// byte by byte, without msgpack's encoder. Keys are ULIDs minted after
+// that last key (events.IDSource.NextAfter), whatever the clock says: after a process wrote with its clock
 // ahead (an NTP step, a VM migration, a restored snapshot), the run's next
 // keys carry the future millisecond, incremented, until the clock catches
 // up. What that leaves behind: event times read from keys (Envelope.Time,
@@ -161,7 +168,10 @@
 //     Filed by first key rather than run id, the entries of the runs being
 //     driven — the newest — sit together at the index's end, where filed
 //     by run id many runs' commits would rewrite the index leaves their
-//     scattered ids fall in (BenchmarkTextAppend with finished runs).
+//     scattered ids fall in (BenchmarkTextAppend with finished runs). As
+//     in the log, new keys come at the end, so its leaves are filled
+//     whole: the fewer leaves hold the driven runs' entries, the fewer a
+//     commit rewrites.
 //     What it costs: the first-key record is how a run is found; lost, the
 //     run's entry is listed as damaged under the run it names, and its
 //     events are not found without a full scan.

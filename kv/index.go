@@ -1,8 +1,10 @@
 package kv
 
 import (
+	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -104,57 +106,97 @@ func writeInfo(index *bolt.Bucket, key []byte, info RunInfo) ([]byte, error) {
 // encodeInfo is info as stored under key, with its checksum.
 func encodeInfo(key []byte, info RunInfo) ([]byte, error) {
 	sum := info.Checksum(key)
-	return msgpack.Marshal(&storedInfo{entry: entry(info), CRC: &sum})
+	st := storedInfo{entry: entry(info), CRC: &sum}
+	return st.appendMsgpack(make([]byte, 0, 160+len(info.RunID)+len(info.Status)+len(info.StopReason))), nil
 }
 
-// EncodeMsgpack writes the entry field by field: the bytes msgpack's
-// reflection writes for the struct (TestTheEntryEncodingIsReflections
-// holds the two together), without the reflection. The committing leader
-// encodes an entry with every append, inside the group's transaction.
+// EncodeMsgpack writes the entry as appendMsgpack does.
 func (st *storedInfo) EncodeMsgpack(e *msgpack.Encoder) error {
+	_, err := e.Writer().Write(st.appendMsgpack(nil))
+	return err
+}
+
+// appendMsgpack appends the entry's encoding to b, byte by byte: the bytes
+// msgpack's reflection writes for the struct (TestTheEntryEncodingIsReflections
+// holds the two together), without the reflection or an encoder. The
+// committing leader encodes an entry with every append, inside the group's
+// transaction.
+func (st *storedInfo) appendMsgpack(b []byte) []byte {
 	r := &st.entry
-	w := entryWriter{e: e}
-	w.put(e.EncodeMapLen(9))
-	w.str("run_id", r.RunID)
-	w.str("status", string(r.Status))
-	w.int("steps", r.Steps)
-	w.int("events", r.Events)
-	w.str("stop_reason", string(r.StopReason))
-	w.key("first_event")
-	w.put(e.EncodeTime(r.FirstEvent))
-	w.key("last_event")
-	w.put(e.EncodeTime(r.LastEvent))
-	w.key("last_id")
-	w.put(e.EncodeBytes(r.LastID[:]))
-	w.key("crc")
+	b = append(b, 0x80|9) // a map of 9 fields
+	b = mpString(mpString(b, "run_id"), r.RunID)
+	b = mpString(mpString(b, "status"), string(r.Status))
+	b = mpInt(mpString(b, "steps"), int64(r.Steps))
+	b = mpInt(mpString(b, "events"), int64(r.Events))
+	b = mpString(mpString(b, "stop_reason"), string(r.StopReason))
+	b = mpTime(mpString(b, "first_event"), r.FirstEvent)
+	b = mpTime(mpString(b, "last_event"), r.LastEvent)
+	b = append(mpString(b, "last_id"), 0xc4, byte(len(r.LastID))) // bin 8
+	b = append(b, r.LastID[:]...)
+	b = mpString(b, "crc")
 	if st.CRC == nil {
-		w.put(e.EncodeNil())
-	} else {
-		w.put(e.EncodeUint32(*st.CRC))
+		return append(b, 0xc0) // nil
 	}
-	return w.err
+	return binary.BigEndian.AppendUint32(append(b, 0xce), *st.CRC) // uint 32
 }
 
-// entryWriter keeps the first error of a run of encoder calls.
-type entryWriter struct {
-	e   *msgpack.Encoder
-	err error
+// mpString appends s as msgpack's Encoder.EncodeString writes it.
+func mpString(b []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		b = append(b, 0xa0|byte(n)) // fixstr
+	case n < 1<<8:
+		b = append(b, 0xd9, byte(n)) // str 8
+	case n < 1<<16:
+		b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(n)) // str 16
+	default:
+		b = binary.BigEndian.AppendUint32(append(b, 0xdb), uint32(n)) // str 32
+	}
+	return append(b, s...)
 }
 
-func (w *entryWriter) put(err error) {
-	if w.err == nil {
-		w.err = err
+// mpInt appends n as msgpack's Encoder.EncodeInt writes it: in the
+// fewest bytes.
+func mpInt(b []byte, n int64) []byte {
+	if n >= 0 {
+		switch u := uint64(n); {
+		case u <= math.MaxInt8:
+			return append(b, byte(u)) // positive fixint
+		case u <= math.MaxUint8:
+			return append(b, 0xcc, byte(u))
+		case u <= math.MaxUint16:
+			return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(u))
+		case u <= math.MaxUint32:
+			return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(u))
+		default:
+			return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
+		}
+	}
+	switch {
+	case n >= -32:
+		return append(b, byte(n)) // negative fixint
+	case n >= math.MinInt8:
+		return append(b, 0xd0, byte(n))
+	case n >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(n))
+	case n >= math.MinInt32:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(n))
+	default:
+		return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(n))
 	}
 }
 
-func (w *entryWriter) key(k string) { w.put(w.e.EncodeString(k)) }
-
-func (w *entryWriter) str(k, v string) {
-	w.key(k)
-	w.put(w.e.EncodeString(v))
-}
-
-func (w *entryWriter) int(k string, v int) {
-	w.key(k)
-	w.put(w.e.EncodeInt(int64(v)))
+// mpTime appends t as msgpack's Encoder.EncodeTime writes it: the
+// timestamp extension (type -1) in 4, 8 or 12 bytes.
+func mpTime(b []byte, t time.Time) []byte {
+	secs := uint64(t.Unix())
+	if secs>>34 == 0 {
+		data := uint64(t.Nanosecond())<<34 | secs
+		if data&0xffffffff00000000 == 0 {
+			return binary.BigEndian.AppendUint32(append(b, 0xd6, 0xff), uint32(data)) // fixext 4
+		}
+		return binary.BigEndian.AppendUint64(append(b, 0xd7, 0xff), data) // fixext 8
+	}
+	b = binary.BigEndian.AppendUint32(append(b, 0xc7, 12, 0xff), uint32(t.Nanosecond())) // ext 8
+	return binary.BigEndian.AppendUint64(b, secs)
 }

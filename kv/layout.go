@@ -41,8 +41,9 @@ type layout interface {
 	// entryKey is the key the run's index entry is filed under (nil: the
 	// run has none on record): its run id in format 1; in the log, its
 	// first key, so the entries of the runs being driven — the newest —
-	// sit together at the index's end and a commit serving 64 of them
-	// rewrites a leaf or two of the index, not one per run.
+	// sit together at the index's end, in leaves filled whole, and a
+	// commit serving 64 of them rewrites a leaf or two of the index, not
+	// one per run.
 	entryKey(tx *bolt.Tx, runID string) []byte
 	// entries calls fn with each index entry, its key and the run it is
 	// filed for ("" when the layout cannot tell).

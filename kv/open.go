@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -28,8 +29,9 @@ func pageSizeOf(o Options) int {
 	return DefaultPageSize
 }
 
-// streamFillPercent is how full a stream's pages are filled before they
-// split (bbolt's default, 0.5, suits random inserts).
+// streamFillPercent is how full a stream's pages, and in the log the
+// index's, are filled before they split: new keys come at their end
+// (bbolt's default, 0.5, suits random inserts).
 const streamFillPercent = 1.0
 
 // Store format versions, written at creation into the format marker. A
@@ -264,9 +266,9 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		// The file check passed, so this is unexpected: report it as damage.
 		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
-	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now}
+	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now, yield: runtime.Gosched}
 	if s.maxGroup <= 0 {
-		s.maxGroup = 1024
+		s.maxGroup = DefaultMaxGroup
 	}
 	switch s.delay = o.CommitDelay; {
 	case s.delay == 0 && !o.NoSync:

@@ -223,6 +223,35 @@ func TestALeaderWaitsOnlyAfterACommitOfSeveral(t *testing.T) {
 	}
 }
 
+// TestALeaderWhoseYieldOutlastsTheDelayWaitsNoMore: a leader waiting for
+// company yields its processor between looks at the queue; a yield that
+// outlasts the delay says the processors are busy with other goroutines,
+// whose appends queue without being waited for (and each further yield
+// puts the leader, on whom every appender waits, behind them). The leader
+// then commits what it holds: an append that joined during that yield
+// rides the transaction, and the leader does not wait again after it.
+func TestALeaderWhoseYieldOutlastsTheDelayWaitsNoMore(t *testing.T) {
+	s := queueStore(t, Options{})
+	s.delay = time.Millisecond
+	commitTwo(t, s)
+	errs := make(chan error, 2)
+	yields := 0
+	s.yield = func() {
+		if yields++; yields == 1 {
+			appendAsync(s, "b", errs) // it queues while the leader yields,
+			waitFor(t, "an append to queue while the leader yields", queued(s, 1))
+			time.Sleep(5 * s.delay) // and the yield outlasts the delay
+		}
+	}
+	before := s.Transactions()
+	appendAsync(s, "a", errs)
+	receive(t, errs, 2, "the appends did not commit")
+	if s.waits != 1 || s.Transactions()-before != 1 {
+		t.Errorf("the leader waited for company %d times (want 1: not again once a yield outlasted the delay), in %d transactions (want 1)",
+			s.waits, s.Transactions()-before)
+	}
+}
+
 // TestClosingEndsTheCommitDelay: Close ends a leader's wait for company
 // (no append can come any more) and the group it holds commits.
 func TestClosingEndsTheCommitDelay(t *testing.T) {
@@ -236,6 +265,16 @@ func TestClosingEndsTheCommitDelay(t *testing.T) {
 	receive(t, errs, 2, "Close waited out the leader's hour-long wait for company")
 	if n := s.Transactions(); n != 2 {
 		t.Errorf("%d transactions, want 2 (the group the closing store's leader held committed)", n)
+	}
+}
+
+// TestOpenResolvesMaxGroup: what Options.MaxGroup becomes.
+func TestOpenResolvesMaxGroup(t *testing.T) {
+	for _, c := range []struct{ set, want int }{{0, DefaultMaxGroup}, {-1, DefaultMaxGroup}, {1, 1}, {4096, 4096}} {
+		s := queueStore(t, Options{MaxGroup: c.set})
+		if s.maxGroup != c.want {
+			t.Errorf("Options.MaxGroup %d: a group holds up to %d appends, want %d", c.set, s.maxGroup, c.want)
+		}
 	}
 }
 

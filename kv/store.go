@@ -54,17 +54,21 @@ type Options struct {
 	// NoSync skips fsync. Data may be lost on a machine crash; for
 	// benchmarks that measure CPU only.
 	NoSync bool
-	// MaxGroup caps how many appends one transaction serves; zero means 1024.
+	// MaxGroup caps how many appends one transaction serves; zero (or
+	// less) means DefaultMaxGroup.
 	MaxGroup int
 	// CommitDelay is how long the committing leader, having applied every
 	// append queued, waits for one more to join its transaction before it
 	// commits, when the commit before carried more than one append: the
 	// runs that commit released are about to append again, and each that
 	// joins rides this commit's fsync instead of waiting for the next. The
-	// wait starts again after each append that joins, up to MaxGroup, and
-	// ends when the store is closed. Zero means DefaultCommitDelay, or no
-	// wait with NoSync (a commit without fsync costs too little to wait
-	// for); negative, never wait; more than MaxCommitDelay is refused.
+	// wait starts again after each append that joins, up to MaxGroup; it
+	// ends when the store is closed, and for the rest of the commit once
+	// one of the leader's yields to the appenders outlasts the delay (the
+	// processors are busy: see DefaultCommitDelay). Zero means
+	// DefaultCommitDelay, or no wait with NoSync (a commit without fsync
+	// costs too little to wait for); negative, never wait; more than
+	// MaxCommitDelay is refused.
 	CommitDelay time.Duration
 	// AllowMetaRollback opens a file one of whose two bbolt meta pages is
 	// damaged, falling back to the other — which drops whatever the damaged
@@ -95,6 +99,7 @@ type Store struct {
 	release   func() // ends this process's claim on the file
 	report    fileReport
 	clock     func() time.Time // time.Now; tests set a clock that is off
+	yield     func()           // runtime.Gosched: how a leader waiting for company lets others run; tests slow it
 	layout    layout           // the file's, by its format version
 	written   writtenEntries   // index entries this process wrote; used only inside write transactions
 	// highest is the log's highest key since this process first wrote to

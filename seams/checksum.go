@@ -3,9 +3,16 @@ package seams
 import (
 	"encoding/binary"
 	"hash/crc32"
+	"sync"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksumBufs are the buffers Checksum lays entries out in: a buffer
+// handed to the CRC routine escapes, so one on the stack would be
+// allocated anew at every call, and the committing kv leader sums an entry
+// with every append.
+var checksumBufs = sync.Pool{New: func() any { return new([256]byte) }}
 
 // Checksum is the CRC-32C (Castagnoli) of the entry as filed under key:
 // the key's length and bytes, then every field in a fixed order — run id,
@@ -15,7 +22,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // entry, pgstore in the runs row) and reports an entry that no longer sums
 // to it as damage instead of trusting it.
 func (r *RunInfo) Checksum(key []byte) uint32 {
-	var buf [256]byte // an entry fits in practice: one allocation, not one per doubling
+	buf := checksumBufs.Get().(*[256]byte) // an entry fits in practice
+	defer checksumBufs.Put(buf)
 	b := binary.AppendUvarint(buf[:0], uint64(len(key)))
 	b = append(b, key...)
 	for _, s := range []string{r.RunID, string(r.Status), string(r.StopReason)} {
