@@ -6,7 +6,7 @@ COUNT   ?= 5
 
 FUZZTIME ?= 60s
 
-.PHONY: build test check prop bench demo ci fuzz damage mutate
+.PHONY: build test check prop bench bench-peer demo ci fuzz damage mutate
 
 build:
 	$(GO) build $(PKGS)
@@ -80,6 +80,14 @@ bench:
 		$(GO) test -run '^$$' -bench '$(BENCH)' -count=1 ./events ./kv ./engine >> bench.out || exit 1; \
 	done
 	$(GO) run ./cmd/polyloop-benchtable < bench.out
+
+# PolyLoop beside DBOS Transact Go and the raw floors on PostgreSQL
+# (bench/fleet, a module of its own so the library never depends on the
+# peer): COUNT interleaved rounds.
+bench-peer:
+	for i in $$(seq $(COUNT)); do \
+		(cd bench/fleet && $(GO) test -run '^$$' -bench 'Fleet' -count=1) || exit 1; \
+	done
 
 # The main job: a demo run on a store file in the working directory, then an
 # inspection of that store.
