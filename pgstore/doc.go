@@ -74,8 +74,7 @@
 // # Leases
 //
 // The store implements seams.RunLeaser across processes and machines with
-// a lease on the run's index row: lease_owner (the store's Owner, by
-// default host, process id and a random suffix) and lease_expires (the
+// a lease on the run's index row: lease_owner (Store.Owner) and lease_expires (the
 // server's clock, so the workers' clocks never decide). The engine takes
 // it (LockRun) before it reads a run and gives it back when the run
 // returns. No connection is held in between: a statement takes a pooled
@@ -83,7 +82,8 @@
 // tool holds none, and a pool of a few connections serves thousands of
 // runs.
 //
-//   - Taking: a conditional UPDATE sets the owner and an expiry of now
+//   - Taking: a conditional UPDATE sets the owner (Store.Owner: a name and
+//     a random suffix, so no two Stores share leases) and an expiry of now
 //     plus the term (Options.LeaseDuration, DefaultLeaseDuration) when the
 //     row has no owner, its lease expired, or the owner is this store's.
 //     A run another live worker holds is refused at once with
@@ -95,14 +95,18 @@
 //   - Renewing: every append of the holder sets the expiry to now plus the
 //     term, and once every third of the term one statement renews every
 //     lease of the process with less than two thirds of its term left, so
-//     a run waiting long on its model keeps its lease.
+//     a run waiting long on its model keeps its lease (it skips a row an
+//     append in flight has locked: that append renews the lease itself,
+//     and waiting for it could deadlock with the append's group).
 //   - Holding: the holder's appends require the owner to still be its own;
 //     an append of a worker not holding the lease requires that nobody
 //     live holds it. Before every model call and every side effect the
-//     engine asks HoldsRun, which answers from this process's own clock
-//     when more than a quarter of the term is surely left (measured from
-//     when the renewing statement was sent, before the server set the
-//     expiry) and renews the lease first otherwise.
+//     engine asks HoldsRun, which answers from this process's own clocks
+//     when more than a quarter of the term is surely left by both the
+//     monotonic and the wall clock (measured from when the renewing
+//     statement was sent, before the server set the expiry; a suspended
+//     machine's monotonic clock stands still) and renews the lease first
+//     otherwise.
 //   - Losing: when a renewal or an append finds another owner, or HoldsRun
 //     cannot renew (the server is unreachable), the worker stops driving
 //     the run at that point: it executes nothing more, appends nothing
@@ -116,8 +120,8 @@
 //     (seams.ActionCall.ResultID), which a takeover's replay carries too.
 //   - Releasing: the append that finishes a run clears its lease in the
 //     same statement; a run that returns unfinished gives its lease back
-//     then (the run is free to others at once); Close gives back every
-//     lease the process still holds. A worker that dies gives back nothing: its runs are
+//     then (the run is free to others at once); Close sends the appends
+//     already queued, then gives back every lease the process still holds. A worker that dies gives back nothing: its runs are
 //     taken over once their leases expire, one term at most.
 //
 // The lease is the courtesy that spares a second worker's replays; the

@@ -134,6 +134,9 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 		case <-ctx.Done():
 			g.mu.Lock()
 			select {
+			case <-p.done: // sent meanwhile: its result is known
+				g.mu.Unlock()
+				return p.rows, p.err
 			case <-p.lead: // made a leader meanwhile: it must lead
 			default:
 				for i, q := range g.queue {

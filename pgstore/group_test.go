@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,12 +151,15 @@ func transactions(t *testing.T, s *pgstore.Store, prefix string) int {
 }
 
 // waiting reports whether some session waits for a lock.
-func waiting(t *testing.T, conn *pgx.Conn) bool {
+func waiting(t *testing.T, conn *pgx.Conn) bool { return lockWaiters(t, conn) > 0 }
+
+// lockWaiters is how many sessions wait for a lock.
+func lockWaiters(t *testing.T, conn *pgx.Conn) int {
 	var n int
-	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&n); err != nil {
+	if err := conn.QueryRow(context.Background(), `SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	return n > 0
+	return n
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -239,4 +243,67 @@ func TestGroupedAppendsUnderCancellation(t *testing.T) {
 	if abandoned.Load() == 0 {
 		t.Fatal("no append was abandoned: the test tested nothing")
 	}
+}
+
+// TestCloseSendsTheAppendsAlreadyQueued: Close sends what is queued before
+// it gives the process's leases back: an append in flight when Close
+// begins and one queued behind it both commit (the second is not refused
+// as if another worker held the run).
+func TestCloseSendsTheAppendsAlreadyQueued(t *testing.T) {
+	ctx := context.Background()
+	s, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.Options{Schema: pgtest.Schema(t), MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tails := map[string]ulid.ULID{}
+	for _, id := range []string{"a", "b"} {
+		tails[id] = appendTwo(t, s, id)
+		if _, err := s.LockRun(id); err != nil { // released by Close
+			t.Fatal(err)
+		}
+	}
+	blocker, err := pgx.Connect(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` WHERE run_id = 'b' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	results := map[string]chan error{"a": make(chan error, 1), "b": make(chan error, 1)}
+	appendNext := func(id string) {
+		_, err := s.Append(ctx, id, tails[id], proptest.SoundStream(id)[2])
+		results[id] <- err
+	}
+	go appendNext("b")
+	waitFor(t, "b's append to be in flight", func() bool { return pgstore.Queued(s) == 0 && waiting(t, blocker) })
+	go appendNext("a")
+	waitFor(t, "a's append to be queued", func() bool { return pgstore.Queued(s) == 1 })
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	waitFor(t, "Close to begin", func() bool {
+		release, err := s.LockRun("c")
+		if err == nil {
+			release()
+		}
+		return err != nil && strings.Contains(err.Error(), "closed")
+	})
+	// A Close that gave the leases back first would be waiting for b's row
+	// now too, having cleared a's lease; give it the time to get there.
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline) && lockWaiters(t, blocker) < 2; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"b", "a"} {
+		if err := <-results[id]; err != nil {
+			t.Errorf("append to %s, %s when Close began: %v", id, map[string]string{"a": "queued", "b": "in flight"}[id], err)
+		}
+	}
+	<-closed
 }

@@ -42,20 +42,24 @@ type lease struct {
 
 var _ seams.RunLeaser = (*Store)(nil)
 
-// newOwner is a store's default lease owner: host, process id and a
-// random suffix, unique per Store, readable in a listing.
-func newOwner() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown-host"
+// newOwner is a store's lease owner: name (host and process id when
+// empty) and a random suffix, so that no two Stores share leases whatever
+// names they are given; readable in a listing.
+func newOwner(name string) string {
+	if name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			host = "unknown-host"
+		}
+		name = fmt.Sprintf("%s/%d", host, os.Getpid())
 	}
 	var r [4]byte
 	rand.Read(r[:])
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(r[:]))
+	return name + "/" + hex.EncodeToString(r[:])
 }
 
-// Owner is the id this store's leases carry (Options.Owner, or host, pid
-// and a random suffix).
+// Owner is the id this store's leases carry: Options.Owner (or host and
+// process id) and a random suffix.
 func (s *Store) Owner() string { return s.owner }
 
 // LockRun implements seams.RunLocker with a lease on the run's index row:
@@ -108,10 +112,13 @@ func (s *Store) LockRun(runID string) (func(), error) {
 		// release would then clear that driver's lease.
 		defer forget()
 		l.mu.Lock()
-		onServer := l.onServer && l.lost == nil
+		// A run whose lease this store may have written — its start
+		// append's answer lost — is released too: the statement touches
+		// only a lease that is this store's.
+		held := l.lost == nil
 		l.lost = fmt.Errorf("run %q: %w: this driver released it", runID, seams.ErrRunLocked)
 		l.mu.Unlock()
-		if onServer {
+		if held {
 			ctx, cancel := context.WithTimeout(context.Background(), s.connectTimeout)
 			defer cancel()
 			s.pool.Exec(ctx, s.q.release, runID, s.owner) // on failure, the lease expires
@@ -202,7 +209,11 @@ func (s *Store) HoldsRun(ctx context.Context, runID string) error {
 		return fmt.Errorf("run %q: %w: this process does not hold it", runID, seams.ErrRunLocked)
 	}
 	l.mu.Lock()
-	lost, onServer, left := l.lost, l.onServer, time.Until(l.valid)
+	// Left by both clocks: the monotonic one does not advance while the
+	// machine is suspended (a paused VM, a live migration), the wall one
+	// does.
+	lost, onServer := l.lost, l.onServer
+	left := min(time.Until(l.valid), l.valid.Round(0).Sub(time.Now().Round(0)))
 	l.mu.Unlock()
 	switch {
 	case lost != nil:
@@ -212,7 +223,7 @@ func (s *Store) HoldsRun(ctx context.Context, runID string) error {
 	case left > s.leaseTerm/4:
 		return nil
 	}
-	if err := s.renew(ctx, map[string]*lease{runID: l}); err != nil {
+	if err := s.renew(ctx, map[string]*lease{runID: l}, false); err != nil {
 		return fmt.Errorf("pgstore: run %q: the lease could not be renewed: %w", runID, err)
 	}
 	l.mu.Lock()
@@ -221,31 +232,49 @@ func (s *Store) HoldsRun(ctx context.Context, runID string) error {
 }
 
 // renew renews the given leases in one statement. A lease the statement
-// does not return is lost: another owner took it, or the run is gone.
-func (s *Store) renew(ctx context.Context, held map[string]*lease) error {
+// finds held by another owner, or gone, is lost. The background renewal
+// (skipLocked) skips a row another transaction has locked — an append of
+// this process in flight, which renews the lease itself if it commits —
+// instead of waiting for it: waiting there, while that append's group
+// waits for a row the renewal locked, would deadlock. HoldsRun's renewal of
+// one run waits, and so always renews or finds the lease lost.
+func (s *Store) renew(ctx context.Context, held map[string]*lease, skipLocked bool) error {
 	ids := make([]string, 0, len(held))
 	for id := range held {
 		ids = append(ids, id)
 	}
+	q := s.q.renew
+	if skipLocked {
+		q = s.q.renewUnlocked
+	}
+	type state struct {
+		RunID   string
+		Renewed bool
+	}
 	sent := time.Now()
-	renewed, err := retry(ctx, func() ([]string, error) {
-		rows, err := s.pool.Query(ctx, s.q.renew, ids, s.owner, s.leaseTerm.Microseconds())
+	found, err := retry(ctx, func() ([]state, error) {
+		rows, err := s.pool.Query(ctx, q, ids, s.owner, s.leaseTerm.Microseconds())
 		if err != nil {
 			return nil, err
 		}
-		return pgx.CollectRows(rows, pgx.RowTo[string])
+		return pgx.CollectRows(rows, pgx.RowToStructByPos[state])
 	})
 	if err != nil {
 		return err
 	}
-	for _, id := range renewed {
-		l := held[id]
-		l.mu.Lock()
-		if l.lost == nil {
-			l.valid = sent.Add(s.leaseTerm)
+	for _, f := range found {
+		l := held[f.RunID]
+		if l == nil {
+			continue
 		}
-		l.mu.Unlock()
-		delete(held, id)
+		if f.Renewed {
+			l.mu.Lock()
+			if l.lost == nil {
+				l.valid = sent.Add(s.leaseTerm)
+			}
+			l.mu.Unlock()
+		}
+		delete(held, f.RunID) // still this process's
 	}
 	for id, l := range held {
 		l.mu.Lock()
@@ -286,26 +315,23 @@ func (s *Store) renewLeases(ctx context.Context) {
 		s.leaseMu.Unlock()
 		if len(due) > 0 {
 			rctx, cancel := context.WithTimeout(ctx, s.leaseTerm/3)
-			s.renew(rctx, due) // on failure, HoldsRun tries again, and the validity lapses
+			s.renew(rctx, due, true) // on failure, HoldsRun tries again, and the validity lapses
 			cancel()
 		}
 	}
 }
 
-// releaseAll gives back every lease this process holds (Close): their
-// runs are free for other workers at once, and this process's drivers of
-// them append nothing more.
+// releaseAll gives back every lease this process holds (Close, once the
+// appends queued were sent): their runs are free for other workers at
+// once, and this process's drivers of them append nothing more.
 func (s *Store) releaseAll() {
 	s.leaseMu.Lock()
-	s.closed = true
 	var ids []string
 	for id, l := range s.leases {
 		l.mu.Lock()
 		if l.lost == nil {
 			l.lost = fmt.Errorf("run %q: %w: the store was closed", id, seams.ErrRunLocked)
-			if l.onServer {
-				ids = append(ids, id)
-			}
+			ids = append(ids, id)
 		}
 		l.mu.Unlock()
 	}

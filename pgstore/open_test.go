@@ -508,16 +508,32 @@ func TestLeaseOptionsComeFromTheDSN(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if s.Owner() != "worker-7" {
-		t.Fatalf("owner %q, want the DSN's worker-7", s.Owner())
+	if !strings.HasPrefix(s.Owner(), "worker-7/") {
+		t.Fatalf("owner %q, want the DSN's worker-7 and a suffix", s.Owner())
 	}
 	s2, err := pgstore.Open(context.Background(), with(pgstore.OwnerParam, "worker-7"), pgstore.Options{Schema: s.Schema(), Owner: "mine"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if s2.Owner() != "mine" {
-		t.Fatalf("owner %q, want the option's", s2.Owner())
+	if !strings.HasPrefix(s2.Owner(), "mine/") {
+		t.Fatalf("owner %q, want the option's and a suffix", s2.Owner())
+	}
+	// Two stores given one name (a fleet sharing one connection string)
+	// are still two workers: one's lease refuses the other.
+	s3, err := pgstore.Open(context.Background(), with(pgstore.OwnerParam, "worker-7"), pgstore.Options{Schema: s.Schema()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close()
+	proptest.AppendEach(t, s, "r", proptest.SoundStream("r")[:2])
+	release, err := s.LockRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if _, err := s3.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) {
+		t.Fatalf("a store under the same name took a held run: %v", err)
 	}
 	for _, c := range []struct{ lease, want string }{
 		{"soon", `polyloop_lease="soon" is not a duration`},

@@ -85,11 +85,11 @@ type Options struct {
 	// dies, or is cut off from the server, its runs stay refused to the
 	// others. At least a second.
 	LeaseDuration time.Duration
-	// Owner is the id this store's leases carry, shown to operators as the
-	// run's holder; unique per worker (when empty, the DSN's
-	// polyloop_owner, else host name, process id and a random suffix). A worker restarted under the same owner takes
-	// its runs back at once, without waiting for their leases to expire:
-	// give two live workers the same owner and they are one worker.
+	// Owner names this worker in the leases it takes, shown to operators
+	// as a run's holder (when empty, the DSN's polyloop_owner, else host
+	// name and process id). The store adds a random suffix (Store.Owner):
+	// two Stores never share leases, even under one name — a whole fleet
+	// given one connection string, owner included, is still many workers.
 	Owner string
 }
 
@@ -120,8 +120,8 @@ type Store struct {
 
 // queries are the statements, with the schema filled in.
 type queries struct {
-	start, cont, row, load, runs, deletable, delete, has string
-	take, holder, renew, release, releaseAll             string
+	start, cont, row, load, runs, deletable, delete, has    string
+	take, holder, renew, renewUnlocked, release, releaseAll string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -195,9 +195,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	case o.LeaseDuration < time.Second:
 		return nil, fmt.Errorf("pgstore: a lease duration of %v is too short to renew over a network: at least 1s", o.LeaseDuration)
 	}
-	if o.Owner == "" {
-		o.Owner = newOwner()
-	}
+	o.Owner = newOwner(o.Owner)
 	s := &Store{
 		schema:   o.Schema,
 		target:   describe(cfg.ConnConfig),
@@ -244,12 +242,19 @@ func (s *Store) startBackground() {
 	s.sendCtx, s.stopSending = context.WithCancel(context.Background())
 	renewCtx, stopRenewing := context.WithCancel(context.Background())
 	s.stop = func() {
-		stopRenewing()
+		s.leaseMu.Lock()
+		s.closed = true // no run is reserved any more
+		s.leaseMu.Unlock()
+		// The appends queued are sent (new ones are refused), then the
+		// leases given back; past the connect timeout, the statements in
+		// flight are cancelled.
 		t := time.AfterFunc(s.connectTimeout, s.stopSending)
 		s.group.close()
 		t.Stop()
-		s.stopSending()
+		s.releaseAll()
+		stopRenewing()
 		s.background.Wait()
+		s.stopSending()
 	}
 	s.background.Go(func() { s.renewLeases(renewCtx) })
 }
@@ -415,9 +420,19 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 WHERE run_id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires <= now())`),
 		// Who holds a run's lease, and whether it is live.
 		holder: sub(`SELECT lease_owner, lease_expires, coalesce(lease_expires > now(), false) FROM {{schema}}.runs WHERE run_id = $1`),
-		// The leases of runs $1 still held by owner $2, renewed.
+		// The leases of runs $1 still held by owner $2, renewed: each such
+		// run, and true (renewed).
 		renew: sub(`UPDATE {{schema}}.runs SET lease_expires = now() + $3::bigint * interval '1 microsecond'
-WHERE run_id = ANY($1::text[]) AND lease_owner = $2 RETURNING run_id`),
+WHERE run_id = ANY($1::text[]) AND lease_owner = $2 RETURNING run_id, true`),
+		// The same, skipping the rows another transaction has locked: each
+		// run of $1 held by owner $2, and whether it was renewed.
+		renewUnlocked: sub(`WITH free AS (
+	SELECT run_id FROM {{schema}}.runs WHERE run_id = ANY($1::text[]) AND lease_owner = $2 FOR UPDATE SKIP LOCKED),
+up AS (
+	UPDATE {{schema}}.runs r SET lease_expires = now() + $3::bigint * interval '1 microsecond'
+	FROM free WHERE r.run_id = free.run_id RETURNING r.run_id)
+SELECT m.run_id, EXISTS (SELECT 1 FROM up WHERE up.run_id = m.run_id)
+FROM {{schema}}.runs m WHERE m.run_id = ANY($1::text[]) AND m.lease_owner = $2`),
 		// The lease of run $1 held by owner $2, given back.
 		release: sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL
 WHERE run_id = $1 AND lease_owner = $2`),
@@ -889,13 +904,12 @@ func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return out, nil
 }
 
-// Close gives back the leases of the runs this process still holds (they
-// are free for other workers at once, and their drivers here append
-// nothing more), sends the appends already queued, and closes the pool,
-// waiting for other connections in use to be returned.
+// Close sends the appends already queued (refusing new ones), then gives
+// back the leases of the runs this process still holds (they are free for
+// other workers at once, and their drivers here append nothing more), and
+// closes the pool, waiting for other connections in use to be returned.
 func (s *Store) Close() error {
 	if s.stop != nil {
-		s.releaseAll()
 		s.stop()
 	}
 	s.pool.Close()
