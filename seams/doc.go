@@ -26,7 +26,10 @@
 // A store may also implement RunLocker (RunLocks is the in-process one to
 // embed), which lets the engine refuse a second driver before it replays a
 // side effect declared safe; the tail rule is the guarantee, the lock a
-// courtesy. A store may implement RunScanner, which hands a run's events
+// courtesy. A RunLeaser's reservations are leases that can be lost (a
+// shared store's, across processes): the engine asks HoldsRun before every
+// model call and side effect, and proptest.RunLeaseContract proves how
+// reservations behave among drivers. A store may implement RunScanner, which hands a run's events
 // over one at a time, so Resume never holds a long run's stream whole;
 // RunTailer, which reads what follows the events a reader has seen, so a
 // follower reads what is new (LoadAfter falls back to
