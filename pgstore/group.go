@@ -238,12 +238,16 @@ func (s *Store) sendOnce(ctx context.Context, group []*pending) error {
 		return err
 	}
 	b := &pgx.Batch{}
-	for _, p := range group {
+	merged, rest := s.mergeConts(b, group)
+	for _, p := range rest {
 		b.Queue(p.sql, p.args...)
 	}
 	br := conn.SendBatch(ctx, b)
 	var first error
-	for _, p := range group {
+	if len(merged) > 0 {
+		first = readMerged(br, merged)
+	}
+	for _, p := range rest {
 		tag, err := br.Exec()
 		p.rows, p.err = tag.RowsAffected(), err
 		if err != nil && first == nil {
@@ -271,3 +275,76 @@ type notSent struct{ err error }
 func (e notSent) Error() string     { return e.err.Error() }
 func (e notSent) Unwrap() error     { return e.err }
 func (e notSent) SafeToRetry() bool { return true }
+
+// mergeConts queues, as one statement (queries.conts), the continuations
+// of group when there are several: one statement for many runs costs the
+// server a fraction of as many statements. It returns them and the rest of
+// the group, whose statements go as they are.
+func (s *Store) mergeConts(b *pgx.Batch, group []*pending) (merged, rest []*pending) {
+	for _, p := range group {
+		if p.sql == s.q.cont {
+			merged = append(merged, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	if len(merged) < 2 {
+		return nil, group
+	}
+	n := len(merged)
+	var (
+		runs, statuses, stops, prevStops, owners = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
+		steps, prevSteps                         = make([]int, n), make([]int, n)
+		counts, prevCounts, crcs, prevCrcs       = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+		lasts, prevFirsts, prevLasts             = make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+		lastIDs, prevIDs                         = make([][]byte, n), make([][]byte, n)
+		evRuns, evKinds                          []string
+		evOrds, evCrcs                           []int64
+		evIDs, evVals                            [][]byte
+	)
+	var term int64
+	for i, p := range merged {
+		a := p.args // cont's parameters, in order
+		runs[i], statuses[i], steps[i], counts[i], stops[i] = a[0].(string), a[5].(string), a[6].(int), int64(a[7].(int)), a[8].(string)
+		lasts[i], lastIDs[i], prevIDs[i], crcs[i] = a[9].(time.Time), a[10].([]byte), a[11].([]byte), a[12].(int64)
+		prevSteps[i], prevCounts[i], prevStops[i] = a[13].(int), int64(a[14].(int)), a[15].(string)
+		prevFirsts[i], prevLasts[i], prevCrcs[i] = a[16].(time.Time), a[17].(time.Time), a[18].(int64)
+		owners[i], term = a[19].(*string), a[20].(int64)
+		ids, kinds, vals, sums := a[1].([][]byte), a[2].([]string), a[3].([][]byte), a[4].([]int64)
+		for j := range ids {
+			evRuns, evOrds = append(evRuns, runs[i]), append(evOrds, int64(j+1))
+			evIDs, evKinds, evVals, evCrcs = append(evIDs, ids[j]), append(evKinds, kinds[j]), append(evVals, vals[j]), append(evCrcs, sums[j])
+		}
+	}
+	b.Queue(s.q.conts, runs, statuses, steps, counts, stops, lasts, lastIDs, crcs,
+		prevIDs, prevSteps, prevCounts, prevStops, prevFirsts, prevLasts, prevCrcs, owners, term,
+		evRuns, evOrds, evIDs, evKinds, evVals, evCrcs)
+	return merged, rest
+}
+
+// readMerged reads the merged statement's answer: how many events each
+// run got (none for a run whose conditions refused it).
+func readMerged(br pgx.BatchResults, merged []*pending) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	got := make(map[string]int64, len(merged))
+	for rows.Next() {
+		var run string
+		var n int64
+		if err := rows.Scan(&run, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		got[run] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, p := range merged {
+		p.rows, p.err = got[p.runID], nil
+	}
+	return nil
+}

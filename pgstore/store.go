@@ -122,6 +122,7 @@ type Store struct {
 type queries struct {
 	start, cont, row, load, runs, deletable, delete, has    string
 	take, holder, renew, renewUnlocked, release, releaseAll string
+	conts                                                   string // several runs' continuations in one statement
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -414,6 +415,35 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		AND stop_reason = $16 AND first_event = $17 AND last_event = $18 AND crc = $19
 		AND CASE WHEN $20::text IS NULL THEN lease_owner IS NULL OR lease_expires <= now() ELSE lease_owner = $20::text END
 	RETURNING $15::bigint AS base)` + insertEvents),
+		// Several runs' continuations ($1-$16: cont's parameters, a run
+		// each; $18-$23: their events, each with its run and its place in
+		// its batch), each run's row moved on under cont's conditions and
+		// its events inserted only if it was: each run that was, and how
+		// many events it got.
+		conts: sub(`WITH a AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::timestamptz[], $7::bytea[], $8::bigint[],
+		$9::bytea[], $10::int[], $11::bigint[], $12::text[], $13::timestamptz[], $14::timestamptz[], $15::bigint[], $16::text[])
+	AS a(run_id, status, steps, events, stop_reason, last_event, last_id, crc,
+		prev_id, prev_steps, prev_events, prev_stop, prev_first, prev_last, prev_crc, owner)),
+r AS (
+	UPDATE {{schema}}.runs u SET status = a.status, steps = a.steps, events = a.events,
+		stop_reason = a.stop_reason, last_event = a.last_event, last_id = a.last_id, crc = a.crc,
+		lease_owner = CASE WHEN a.status = 'finished' THEN NULL ELSE u.lease_owner END,
+		lease_expires = CASE WHEN a.status = 'finished' THEN NULL WHEN a.owner IS NULL THEN u.lease_expires
+			ELSE now() + $17::bigint * interval '1 microsecond' END
+	FROM a
+	WHERE u.run_id = a.run_id AND u.last_id = a.prev_id AND u.status = 'running' AND u.steps = a.prev_steps
+		AND u.events = a.prev_events AND u.stop_reason = a.prev_stop AND u.first_event = a.prev_first
+		AND u.last_event = a.prev_last AND u.crc = a.prev_crc
+		AND CASE WHEN a.owner IS NULL THEN u.lease_owner IS NULL OR u.lease_expires <= now() ELSE u.lease_owner = a.owner END
+	RETURNING u.run_id, a.prev_events AS base),
+e AS (
+	INSERT INTO {{schema}}.events (run_id, seq, id, kind, value, crc)
+	SELECT r.run_id, r.base + t.ord, t.id, t.kind, t.value, t.crc
+	FROM r JOIN unnest($18::text[], $19::bigint[], $20::bytea[], $21::text[], $22::bytea[], $23::bigint[])
+		AS t(run_id, ord, id, kind, value, crc) ON t.run_id = r.run_id
+	RETURNING run_id)
+SELECT run_id, count(*) FROM e GROUP BY run_id`),
 		// A lease ($2 the owner, $3 its term in microseconds) on a run
 		// nobody live holds.
 		take: sub(`UPDATE {{schema}}.runs SET lease_owner = $2, lease_expires = now() + $3::bigint * interval '1 microsecond'
