@@ -54,8 +54,10 @@
 // one round trip, one commit, one WAL flush. A group holds at most one
 // append per run (up to 256), in the order they were queued. (Two or four
 // smaller groups in flight at once gave half the throughput on the
-// machines measured: each commit is a WAL flush.) Each
-// statement's own conditions decide its run: an append refused by its
+// machines measured: each commit is a WAL flush.) The group's
+// continuations are one statement over arrays (a statement's fixed cost
+// on the server was most of an append's), starts their own statements in
+// the batch. Each run's own conditions decide it: an append refused by its
 // tail or its lease affects no rows and refuses nothing else. A statement
 // the server answers with an error (a constraint a damaged stream breaks)
 // aborts its group's transaction, committing nothing; the group is then
@@ -155,11 +157,10 @@
 // # Past one primary
 //
 // One primary carries every append of its runs: on the 2-core machine the
-// benchmarks run on (BENCHMARKS.md, "At fleet scale"), 4,000 to 6,000
-// grouped appends a second — 2,000 steps a second for 64 runs, 2,900 for
+// benchmarks run on (BENCHMARKS.md, "At fleet scale"), 6,000 to 7,000
+// grouped appends a second — 3,100 steps a second for 64 runs, 3,500 for
 // 2,048 — with the machine's CPU the limit (the raw floor of the same rows,
-// grouped, writes 4,700 steps a second there); a run's append is one
-// statement of about 0.1 ms of server time.
+// grouped, writes 4,750 steps a second there).
 // Beyond that a fleet grows in three ways, none of which this package
 // does yet:
 //
