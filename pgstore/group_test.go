@@ -92,18 +92,7 @@ func TestAppendsQueuedMeanwhileCommitTogether(t *testing.T) {
 func groupOf(t *testing.T, s *pgstore.Store, first string, tails map[string]ulid.ULID, ids ...string) map[string]error {
 	t.Helper()
 	ctx := context.Background()
-	blocker, err := pgx.Connect(ctx, pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
-	tx, err := blocker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	blocker, tx := holding(t, `LOCK TABLE `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` IN SHARE ROW EXCLUSIVE MODE`)
 	results := map[string]chan error{}
 	appendNext := func(id string) {
 		ch := make(chan error, 1)
@@ -262,18 +251,7 @@ func TestCloseSendsTheAppendsAlreadyQueued(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	blocker, err := pgx.Connect(ctx, pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
-	tx, err := blocker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` WHERE run_id = 'b' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	blocker, tx := holding(t, `SELECT 1 FROM `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` WHERE run_id = 'b' FOR UPDATE`)
 	results := map[string]chan error{"a": make(chan error, 1), "b": make(chan error, 1)}
 	appendNext := func(id string) {
 		_, err := s.Append(ctx, id, tails[id], proptest.SoundStream(id)[2])
@@ -306,4 +284,25 @@ func TestCloseSendsTheAppendsAlreadyQueued(t *testing.T) {
 		}
 	}
 	<-closed
+}
+
+// holding opens a session of the test's own and, in a transaction left
+// open, runs lock (a statement taking locks the store's appends will wait
+// for); commit the transaction to let them go. The session ends with t.
+func holding(t *testing.T, lock string) (*pgx.Conn, pgx.Tx) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	return conn, tx
 }
