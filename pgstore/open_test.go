@@ -576,3 +576,51 @@ func TestTheFinishingAppendGivesTheLeaseBack(t *testing.T) {
 	}
 	release()
 }
+
+// TestARunReservedBeforeItHadARowTakesItsLeaseLater: a run reserved
+// while it had no index row, then started by a writer that holds no
+// lease, is continued by its reserver, who takes the lease then; had a
+// live worker leased it meanwhile, the reserver would be refused.
+func TestARunReservedBeforeItHadARowTakesItsLeaseLater(t *testing.T) {
+	ctx := context.Background()
+	a := open(t, pgstore.Options{})
+	other := open(t, pgstore.Options{Schema: a.Schema()})
+	release, err := a.LockRun("r") // no row: reserved in this process only
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	proptest.AppendEach(t, other, "r", proptest.SoundStream("r")[:2]) // started without a lease
+	got, err := a.Load(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Append(ctx, "r", got[len(got)-1].ID, proptest.SoundStream("r")[2]); err != nil {
+		t.Fatalf("the reserver's continuation: %v", err)
+	}
+	if err := a.HoldsRun(ctx, "r"); err != nil {
+		t.Fatalf("the reserver does not hold the run it continued: %v", err)
+	}
+	if _, err := other.LockRun("r"); !errors.Is(err, seams.ErrRunLocked) {
+		t.Fatalf("another worker took the run the reserver holds: %v", err)
+	}
+
+	// Leased by a live worker in between: the reserver is refused.
+	b := open(t, pgstore.Options{Schema: a.Schema()})
+	releaseS, err := a.LockRun("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseS()
+	proptest.AppendEach(t, other, "s", proptest.SoundStream("s")[:2])
+	if _, err := b.LockRun("s"); err != nil {
+		t.Fatal(err)
+	}
+	got, err = a.Load(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Append(ctx, "s", got[len(got)-1].ID, proptest.SoundStream("s")[2]); !errors.Is(err, seams.ErrRunLocked) {
+		t.Fatalf("the reserver's continuation of a run a live worker leased: %v, want ErrRunLocked", err)
+	}
+}

@@ -559,6 +559,19 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	if after == maxULID {
 		return nil, s.refusal(ctx, runID, l, after, evs, nil) // no key follows it; it is not a real tail
 	}
+	// A run reserved while it had no index row (LockRun could put no lease
+	// on it) that another writer started meanwhile without a lease: take
+	// the lease now, or be refused as the lease's holder would refuse.
+	if l != nil && after != (ulid.ULID{}) {
+		l.mu.Lock()
+		onServer := l.onServer
+		l.mu.Unlock()
+		if !onServer {
+			if err := s.take(ctx, runID, l); err != nil {
+				return nil, err
+			}
+		}
+	}
 	// prev is the row this append continues: none for a start.
 	var prev *indexRow
 	switch {
