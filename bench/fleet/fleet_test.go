@@ -41,11 +41,8 @@ const (
 // poolConns is the connection pool of every contender, whatever the
 // number of runs: pgstore.Options.MaxConns for PolyLoop, pgx's pool for
 // the floors, pool_max_conns for DBOS (whose own default is 20).
-//
-// While pgstore pins a pooled connection to each running run (LockRun),
-// 64 runs in a pool of 16 drive 16 at a time, the others waiting in
-// LockRun for a connection (up to pgstore.DefaultConnectTimeout, which
-// runs of 50 steps never come near); with leases, all 64 drive at once.
+// pgstore holds a run by a lease on its row, not by a connection, so all
+// 64 runs drive at once in a pool of 16.
 const poolConns = 16
 
 // BenchmarkFleet: step throughput (steps/s; one op is one step) of 1 and
