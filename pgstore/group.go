@@ -24,38 +24,33 @@ type pending struct {
 	rows int64 // rows the statement affected
 	err  error
 	done chan struct{}
-	// lead is closed when its appender is made a leader while it waits
-	// (leading says so, guarded by the grouper's mu).
-	lead    chan struct{}
-	leading bool
+	lead chan struct{} // closed when its appender is made the leader while it waits
 }
 
-// grouper queues append statements for their leaders (the store has
-// one: one group in flight). An appender that finds fewer than max
-// leaders at work becomes one: it takes what is
-// queued as a group and sends it in one transaction (one round trip, one
-// commit, one WAL flush), again until its own statement was sent; then it
-// hands its leadership to the first appender still waiting, or gives it
-// up when none is. So a lone run's append is sent by its own goroutine,
-// and what is queued while up to max groups are in flight goes together
+// grouper queues append statements for their leader: one group in
+// flight at a time. An appender that finds no leader at work becomes it:
+// it takes what is queued as a group and sends it in one transaction (one
+// round trip, one commit, one WAL flush), again until its own statement
+// was sent; then it hands the lead to the first appender still waiting,
+// or gives it up when none is. So a lone run's append is sent by its own
+// goroutine, and what is queued while a group is in flight goes together
 // in the next. A group holds at most one statement per run (a run's
 // second append waits for the next group), in the order queued.
 type grouper struct {
-	mu      sync.Mutex
-	queue   []*pending
-	leaders int // appenders leading now
-	max     int
-	closed  bool
-	idle    *sync.Cond // signalled when leaders drops to 0
+	mu     sync.Mutex
+	queue  []*pending // never holds the leader's own statement once it took its first group
+	leader bool       // an appender is leading
+	closed bool
+	idle   *sync.Cond // signalled when the lead is given up
 }
 
-func newGrouper(max int) *grouper {
-	g := &grouper{max: max}
+func newGrouper() *grouper {
+	g := &grouper{}
 	g.idle = sync.NewCond(&g.mu)
 	return g
 }
 
-// take takes a group from the queue (empty when the queue is).
+// take takes a group from the queue.
 func (g *grouper) take() []*pending {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -77,31 +72,26 @@ func (g *grouper) take() []*pending {
 	return group
 }
 
-// handOff ends a leader's turn: the first waiting appender leads next,
-// or, with none waiting, there is one leader fewer.
+// handOff ends the leader's turn: the first waiting appender leads next,
+// or, with none waiting, nobody does.
 func (g *grouper) handOff() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, p := range g.queue {
-		if !p.leading {
-			p.leading = true
-			close(p.lead)
-			return
-		}
+	if len(g.queue) > 0 {
+		close(g.queue[0].lead)
+		return
 	}
-	g.leaders--
-	if g.leaders == 0 {
-		g.idle.Broadcast()
-	}
+	g.leader = false
+	g.idle.Broadcast()
 }
 
-// close refuses new appends and waits until the leaders have sent what
-// was queued.
+// close refuses new appends and waits until the leader has sent what was
+// queued.
 func (g *grouper) close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.closed = true
-	for g.leaders > 0 {
+	for g.leader {
 		g.idle.Wait()
 	}
 }
@@ -109,8 +99,8 @@ func (g *grouper) close() {
 // exec queues one append statement and waits for its result: the rows it
 // affected. When ctx ends first, a statement not yet sent is withdrawn
 // (nothing written: ctx's error); one already in flight may still
-// commit, and the error says so. An appender made a leader leads whatever
-// its ctx says: the statements queued behind it depend on it.
+// commit, and the error says so. An appender made the leader leads
+// whatever its ctx says: the statements queued behind it depend on it.
 func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64, error) {
 	p := &pending{runID: runID, sql: sql, args: args, done: make(chan struct{}), lead: make(chan struct{})}
 	g := s.group
@@ -120,11 +110,8 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 		return 0, errClosed
 	}
 	g.queue = append(g.queue, p)
-	leads := g.leaders < g.max
-	if leads {
-		g.leaders++
-		p.leading = true
-	}
+	leads := !g.leader
+	g.leader = true
 	g.mu.Unlock()
 	if !leads {
 		select {
@@ -137,7 +124,7 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 			case <-p.done: // sent meanwhile: its result is known
 				g.mu.Unlock()
 				return p.rows, p.err
-			case <-p.lead: // made a leader meanwhile: it must lead
+			case <-p.lead: // made the leader meanwhile: it must lead
 			default:
 				for i, q := range g.queue {
 					if q == p {
@@ -152,7 +139,8 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 			g.mu.Unlock()
 		}
 	}
-	// Leading: send groups until this appender's own statement was sent.
+	// Leading: its own statement is in the queue until a group takes it,
+	// and nobody else takes groups, so every round sends one.
 	for {
 		select {
 		case <-p.done:
@@ -160,14 +148,7 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 			return p.rows, p.err
 		default:
 		}
-		group := g.take()
-		if len(group) == 0 {
-			// Another leader is sending this statement: lead no more.
-			g.handOff()
-			<-p.done
-			return p.rows, p.err
-		}
-		s.sendGroup(s.sendCtx, group)
+		s.sendGroup(s.sendCtx, g.take())
 	}
 }
 

@@ -210,7 +210,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		leases:         map[string]*lease{},
 		// One group in flight: on the servers measured, two or four
 		// smaller groups at once gave half the appends per second.
-		group: newGrouper(1),
+		group: newGrouper(),
 	}
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("pgstore: %s: %w", s.target, scrub(err))
