@@ -42,6 +42,19 @@ type entry struct {
 	LastID     ulid.ULID         `msgpack:"last_id"` // zero in entries written before the store kept it
 }
 
+// storedEntry is what the index stores of info: its data, not the
+// coordination a listing adds (agent, holder, queue).
+func storedEntry(info RunInfo) entry {
+	return entry{RunID: info.RunID, Status: info.Status, Steps: info.Steps, Events: info.Events, StopReason: info.StopReason,
+		FirstEvent: info.FirstEvent, LastEvent: info.LastEvent, LastID: info.LastID}
+}
+
+// info is the entry as a RunInfo.
+func (e entry) info() RunInfo {
+	return RunInfo{RunID: e.RunID, Status: e.Status, Steps: e.Steps, Events: e.Events, StopReason: e.StopReason,
+		FirstEvent: e.FirstEvent, LastEvent: e.LastEvent, LastID: e.LastID}
+}
+
 // storedInfo is an index entry as stored: the RunInfo and its CRC-32C
 // (seams.RunInfo.Checksum: its fields and the key it is filed under;
 // absent in entries written before the store kept one).
@@ -83,7 +96,7 @@ func decodeInfo(key, v []byte, runID string) (RunInfo, error) {
 	if err := msgpack.Unmarshal(v, &st); err != nil {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q does not decode: %v", ErrCorrupt, runID, err)
 	}
-	info := RunInfo(st.entry)
+	info := st.entry.info()
 	if st.CRC != nil && *st.CRC != info.Checksum(key) {
 		return RunInfo{}, fmt.Errorf("%w: index entry of run %q fails its checksum", ErrCorrupt, runID)
 	}
@@ -106,7 +119,7 @@ func writeInfo(index *bolt.Bucket, key []byte, info RunInfo) ([]byte, error) {
 // encodeInfo is info as stored under key, with its checksum.
 func encodeInfo(key []byte, info RunInfo) ([]byte, error) {
 	sum := info.Checksum(key)
-	st := storedInfo{entry: entry(info), CRC: &sum}
+	st := storedInfo{entry: storedEntry(info), CRC: &sum}
 	return st.appendMsgpack(make([]byte, 0, 160+len(info.RunID)+len(info.Status)+len(info.StopReason))), nil
 }
 

@@ -45,11 +45,11 @@ func TestTheEntryEncodingIsReflections(t *testing.T) {
 			c := rapid.Uint32().Draw(t, "crc")
 			crc = &c
 		}
-		want, err := msgpack.Marshal(&reflectedInfo{entry: entry(info), CRC: crc})
+		want, err := msgpack.Marshal(&reflectedInfo{entry: storedEntry(info), CRC: crc})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := msgpack.Marshal(&storedInfo{entry: entry(info), CRC: crc})
+		got, err := msgpack.Marshal(&storedInfo{entry: storedEntry(info), CRC: crc})
 		if err != nil {
 			t.Fatal(err)
 		}

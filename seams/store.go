@@ -135,21 +135,24 @@ const MaxRunIDBytes = 1024
 // that prints it or break line-oriented output. An error wraps
 // ErrInvalidRunID and says what is wrong, quoting at most the id's first 64
 // bytes.
-func ValidRunID(id string) error {
+func ValidRunID(id string) error { return validName(ErrInvalidRunID, id, MaxRunIDBytes) }
+
+// validName is ValidRunID's rule with another limit and error.
+func validName(invalid error, id string, limit int) error {
 	switch {
 	case id == "":
-		return fmt.Errorf("%w: it is empty", ErrInvalidRunID)
-	case len(id) > MaxRunIDBytes:
-		return fmt.Errorf("%w: it is %d bytes, longer than the %d-byte limit (it begins %q)", ErrInvalidRunID, len(id), MaxRunIDBytes, clipID(id))
+		return fmt.Errorf("%w: it is empty", invalid)
+	case len(id) > limit:
+		return fmt.Errorf("%w: it is %d bytes, longer than the %d-byte limit (it begins %q)", invalid, len(id), limit, clipID(id))
 	case !utf8.ValidString(id):
-		return fmt.Errorf("%w %q: it is not valid UTF-8", ErrInvalidRunID, clipID(id))
+		return fmt.Errorf("%w %q: it is not valid UTF-8", invalid, clipID(id))
 	}
 	for _, r := range id {
 		switch {
 		case r == 0:
-			return fmt.Errorf("%w %q: it holds a NUL byte (U+0000), a control character", ErrInvalidRunID, clipID(id))
+			return fmt.Errorf("%w %q: it holds a NUL byte (U+0000), a control character", invalid, clipID(id))
 		case unicode.IsControl(r):
-			return fmt.Errorf("%w %q: it holds the control character %U", ErrInvalidRunID, clipID(id), r)
+			return fmt.Errorf("%w %q: it holds the control character %U", invalid, clipID(id), r)
 		}
 	}
 	return nil
@@ -334,21 +337,31 @@ type RunFinder interface {
 }
 
 // RunStatus is where a run stands, in the one vocabulary of PolyLoop's
-// stores, readers and commands: a store's index (RunInfo.Status), report's
-// listings, `polyloop-inspect runs --status` and the viewer's ?status=.
+// stores, readers and commands: a store's listing (RunInfo.Status),
+// report's listings, `polyloop-inspect runs --status` and the viewer's
+// ?status=.
 type RunStatus string
 
 const (
 	// StatusFinished: the stream ends with RunFinished.
 	StatusFinished RunStatus = "finished"
-	// StatusRunning: the stream has no RunFinished and nothing in doubt:
-	// the run is in progress, or crashed between steps and may be resumed.
-	// A store's index says running of every run without RunFinished.
+	// StatusRunning: the run has no RunFinished and a live driver holds
+	// it (RunInfo.Owner, until RunInfo.LeaseExpires unless renewed). A
+	// store's index entry says running of every run without RunFinished;
+	// a listing tells who holds it (RunInfo.Liveness).
 	StatusRunning RunStatus = "running"
-	// StatusInDoubt: the stream has no RunFinished and its tail leaves a
-	// side effect's outcome unknown (a crash, or a live run in a call).
-	// Only a reader that classifies the log tells it from StatusRunning
-	// (recovery.State.Status); an index never says it.
+	// StatusAwaiting: the run has no RunFinished, nobody holds it, and it
+	// waits for a worker: an agent's run that was submitted, given back by
+	// a worker that shut down, or handed back by an operator.
+	StatusAwaiting RunStatus = "awaiting"
+	// StatusInterrupted: the run has no RunFinished and nobody holds it:
+	// its driver stopped, or died and its lease ran out. A worker claims
+	// an agent's run; any other run waits for engine.Resume.
+	StatusInterrupted RunStatus = "interrupted"
+	// StatusInDoubt: a run nobody holds (awaiting or interrupted) whose
+	// tail leaves a side effect's outcome unknown. Only a reader that
+	// classifies the log tells it (recovery.State.Status); an index never
+	// says it, and a run a driver holds is running whatever its tail.
 	StatusInDoubt RunStatus = "in_doubt"
 	// StatusCorrupt: the run is damaged: an index entry that fails its
 	// checksum (only RunID is known), a stream whose entry is lost, or a
@@ -358,12 +371,18 @@ const (
 )
 
 // RunStatuses lists every RunStatus, in the order listings explain them.
-var RunStatuses = []RunStatus{StatusFinished, StatusRunning, StatusInDoubt, StatusCorrupt}
+var RunStatuses = []RunStatus{StatusFinished, StatusRunning, StatusAwaiting, StatusInterrupted, StatusInDoubt, StatusCorrupt}
 
 // Resumable reports whether a run in status s has no end recorded and a
-// sound log, so engine.Resume continues it (running) or settles the side
-// effect in doubt (in_doubt).
-func (s RunStatus) Resumable() bool { return s == StatusRunning || s == StatusInDoubt }
+// sound log, so engine.Resume continues it (running, awaiting or
+// interrupted — a running one once its driver lets go) or settles the
+// side effect in doubt (in_doubt).
+func (s RunStatus) Resumable() bool {
+	return s == StatusRunning || s == StatusAwaiting || s == StatusInterrupted || s == StatusInDoubt
+}
+
+// Held reports whether s says a live driver holds the run.
+func (s RunStatus) Held() bool { return s == StatusRunning }
 
 // RunInfo is a run's index entry, which a store maintains in the
 // transaction of every append. Events and LastID anchor the stream: a
@@ -381,6 +400,29 @@ type RunInfo struct {
 	// LastID is the key of the stream's last event (zero in kv entries
 	// written before the store kept it).
 	LastID ulid.ULID `json:"last_id"`
+
+	// What follows is coordination, not the run's data: a listing fills it
+	// from the store's queue and leases (outside the entry's checksum).
+
+	// Agent is the agent the run was started for (RunStarted.Agent), ""
+	// for a run no worker pool claims.
+	Agent string `json:"agent,omitempty"`
+	// Owner is the driver that holds or last held the run (a lease's
+	// owner, see pgstore.Options.Owner and kv.Store.Owner), "" when nobody
+	// does. LeaseExpires is when its hold runs out unless renewed; a
+	// holder whose lease ran out no longer holds the run.
+	Owner        string    `json:"owner,omitempty"`
+	LeaseExpires time.Time `json:"lease_expires,omitzero"`
+	// Failures counts the times a worker gave the run back because driving
+	// it failed since it was submitted or last handed back by an
+	// operator; LastError is the last such failure, and RetryAt when a
+	// worker may claim the run again.
+	Failures  int       `json:"failures,omitempty"`
+	LastError string    `json:"last_error,omitempty"`
+	RetryAt   time.Time `json:"retry_at,omitzero"`
+	// CancelRequested is an operator's request to cancel the run, not yet
+	// carried out (RunCanceller).
+	CancelRequested *CancelRequest `json:"cancel_requested,omitempty"`
 }
 
 // Apply folds one appended event into the entry: what every store does
