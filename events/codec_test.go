@@ -80,9 +80,9 @@ func TestWireEncodingIsFrozen(t *testing.T) {
 
 // TestEarlierSchemaValuesStillDecode: the values a 1.0 writer stored (no
 // checksum), a 1.1 writer stored (sealed, without the outcome's env_error)
-// and a 1.2 writer stored decode to the same records.
+// a 1.2 and a 1.3 writer stored decode to the same records.
 func TestEarlierSchemaValuesStillDecode(t *testing.T) {
-	for _, v := range []string{"1.0", "1.1", "1.2"} {
+	for _, v := range []string{"1.0", "1.1", "1.2", "1.3"} {
 		files, _ := filepath.Glob("testdata/wire-" + v + "/*.msgpack")
 		if len(files) != len(everyRecord()) {
 			t.Fatalf("%d %s golden values, want %d", len(files), v, len(everyRecord()))
@@ -398,6 +398,30 @@ func TestAReplyKeepsItsUsage(t *testing.T) {
 	bad := events.ModelCallResult{RunID: "run-1", ResultID: "r1", Reply: &events.ModelReply{Usage: &events.Usage{OutputTokens: &neg}}}
 	if err := bad.Validate(); err == nil {
 		t.Fatal("a negative count is valid")
+	}
+}
+
+// TestARunKeepsItsAgentAndInput: a run started for an agent (schema 1.4)
+// stores the agent's name and its input, frozen on the wire and read back
+// as written; a run without one stores neither key, as 1.3 did.
+func TestARunKeepsItsAgentAndInput(t *testing.T) {
+	ev := events.RunStarted{RunID: "run-1", ParameterSnapshot: map[string]string{"k": "v"}, SchemaVersion: events.CurrentSchemaVersion,
+		Agent: "refunds", Input: []byte(`{"order":42}`)}
+	b := sealed(t, ev)
+	env, err := events.Unmarshal("run-1", goldenID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(env.Event, ev) {
+		t.Fatalf("read back %+v, want %+v", env.Event, ev)
+	}
+	golden(t, "wire-agent/run_started.msgpack", b)
+	ev.Agent, ev.Input = "", nil
+	if plain := sealed(t, ev); bytes.Contains(plain, []byte("agent")) || bytes.Contains(plain, []byte("input")) {
+		t.Fatalf("a run without an agent stores an agent or input key: %x", plain)
+	}
+	if err := (events.RunStarted{RunID: "r", SchemaVersion: "1.4", Input: []byte("x")}).Validate(); err == nil || !strings.Contains(err.Error(), "without an agent") {
+		t.Fatalf("input without an agent: %v, want an error naming it", err)
 	}
 }
 

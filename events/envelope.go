@@ -22,8 +22,9 @@ import (
 // the envelope's checksum; 1.2 an env_error's cause (ActionOutcome.EnvError),
 // a reply's token usage (ModelReply.Usage), the stop reason token_budget and
 // zstd-compressed payloads; 1.3 S2-compressed payloads and references by
-// which a step stores each text once (doc.go, "Schema 1.3").
-const CurrentSchemaVersion = "1.3"
+// which a step stores each text once (doc.go, "Schema 1.3"); 1.4 the agent
+// and input a run was started for (RunStarted.Agent, RunStarted.Input).
+const CurrentSchemaVersion = "1.4"
 
 // currentMajor is the major of CurrentSchemaVersion.
 const currentMajor = 1

@@ -251,6 +251,12 @@ type RunStarted struct {
 	RunID             string            `msgpack:"run_id" json:"run_id"`
 	ParameterSnapshot map[string]string `msgpack:"parameter_snapshot" json:"parameter_snapshot"`
 	SchemaVersion     string            `msgpack:"schema_version" json:"schema_version"`
+	// Agent names the agent the run was started for (schema 1.4), empty
+	// for a run no worker pool claims; Input is what that agent builds
+	// the run from, opaque to PolyLoop. A worker that claims the run
+	// rebuilds its definition and request from the two.
+	Agent string `msgpack:"agent,omitempty" json:"agent,omitempty"`
+	Input []byte `msgpack:"input,omitempty" json:"input,omitempty"`
 }
 
 // Intent is written, durably, before a side effect. ResultID is allocated
@@ -319,6 +325,12 @@ func (e RunStarted) Validate() error {
 	}
 	if n := len(e.ParameterSnapshot); n > MaxItems {
 		return fmt.Errorf("parameter_snapshot has %d keys, more than %d (events.MaxItems)", n, MaxItems)
+	}
+	if e.Agent == "" && len(e.Input) > 0 {
+		return errors.New("input is set without an agent to read it")
+	}
+	if n := len(e.Input); n > MaxTextBytes {
+		return fmt.Errorf("input is %d bytes, more than %d (events.MaxTextBytes)", n, MaxTextBytes)
 	}
 	return checkVersion("schema_version", e.SchemaVersion)
 }
