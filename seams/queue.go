@@ -15,7 +15,7 @@ import (
 type RunQueue interface {
 	RunLocker
 	// ClaimRuns takes for this store up to max claimable runs of the named
-	// agents, oldest first: runs queued and not finished that nobody holds
+	// agents, in an order of the store's choosing: runs queued and not finished that nobody holds
 	// (never claimed, given back, or whose holder's lease ran out; on a
 	// store whose holds last as long as the process, held by no driver of
 	// this one) and whose retry time has come. A claimed run is held for
@@ -39,6 +39,15 @@ type RunQueue interface {
 	// finished one, ErrNotQueued for a run started without an agent, and
 	// ErrRunLocked (naming the holder) for a run a live driver holds.
 	RequeueRun(ctx context.Context, runID string) error
+}
+
+// RunDescriber is implemented by stores that can describe one run as
+// RunReader.Runs lists it — index entry, holder, queue — without listing
+// every run (a reader following a run asks it whether anyone drives it).
+type RunDescriber interface {
+	// Describe returns runID's entry with its liveness (RunInfo.Liveness);
+	// ErrNoRun when the store does not hold the run.
+	Describe(ctx context.Context, runID string) (RunInfo, error)
 }
 
 // Claim is a run ClaimRuns took: its id and the agent it was started with.
