@@ -20,6 +20,16 @@ type Definition struct {
 	// Events receives every durable event; nil discards them.
 	Events    seams.EventSink
 	Synthetic SyntheticObservations
+	// Interrupt, once closed, stops the run at its next step boundary —
+	// before the next model call is announced — and Run or Resume return
+	// an error wrapping ErrInterrupted. Nothing is in doubt there and
+	// nothing is written for the stop: the run stays unfinished and
+	// Resume continues it. It is how a worker shuts down without
+	// cancelling its runs (cancelling the context ends a run cancelled).
+	// A step in progress completes first, its side effect included; a run
+	// that would stop anyway (a budget, a final answer) finishes. Nil:
+	// the run is never interrupted.
+	Interrupt <-chan struct{}
 }
 
 // SyntheticObservations are the texts the engine writes when there is no
@@ -140,6 +150,14 @@ var (
 	// nothing more: one run has one driver, and the other one's
 	// continuation is the run's.
 	ErrRunBusy = errors.New("engine: run is busy: another driver holds or continued it")
+	// ErrInterrupted: Definition.Interrupt stopped the run at a step
+	// boundary; it is unfinished, nothing is in doubt, and Resume
+	// continues it.
+	ErrInterrupted = errors.New("engine: run interrupted at a step boundary (it can be resumed)")
+	// ErrCancelRequested is the cause of a run's context when the run
+	// ended cancelled because an operator asked its store to cancel it
+	// (Cancel, seams.RunCanceller).
+	ErrCancelRequested = errors.New("engine: cancellation requested through the store")
 	// ErrParametersChanged: Resume found a parameter snapshot different from
 	// the one the run started with; the message lists every differing key.
 	ErrParametersChanged = errors.New("engine: parameters changed since the run started")

@@ -26,21 +26,52 @@ import (
 // run that exists or that it is starting, since Resume takes it only once
 // it has seen the run's log.
 func Run(ctx context.Context, def Definition, req Request) (events.RunResult, error) {
-	cfg, err := prepare(def, req)
+	d, m, release, err := begin(ctx, def, req)
 	if err != nil {
 		return events.RunResult{}, err
+	}
+	defer release()
+	return d.drive(ctx, m)
+}
+
+// Start makes the run req.RunID durable — its RunStarted, with the
+// request's Agent and Input — and returns that event without driving the
+// run: Resume, or a worker that claims the run, drives it. It fails as
+// Run fails before it writes. A run that would stop before its first
+// model call (a prompt over its budget) is finished by Start.
+func Start(ctx context.Context, def Definition, req Request) (events.Envelope, error) {
+	stop := make(chan struct{})
+	close(stop)
+	def.Interrupt = stop
+	d, m, release, err := begin(ctx, def, req)
+	if err != nil {
+		return events.Envelope{}, err
+	}
+	defer release()
+	if _, err := d.drive(ctx, m); err != nil && !errors.Is(err, ErrInterrupted) {
+		return events.Envelope{}, err
+	}
+	return d.started, nil
+}
+
+// begin is Run up to driving: it validates, reserves the run id and
+// makes sure the run has no log. release frees the reservation.
+func begin(ctx context.Context, def Definition, req Request) (*driver, *machine, func(), error) {
+	cfg, err := prepare(def, req)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	release, err := lockRun(def.Store, req.RunID)
 	if errors.Is(err, ErrRunBusy) {
-		return events.RunResult{}, fmt.Errorf("engine: run %q: %w: %w", req.RunID, ErrRunExists, err)
+		return nil, nil, nil, fmt.Errorf("engine: run %q: %w: %w", req.RunID, ErrRunExists, err)
 	}
 	if err != nil {
-		return events.RunResult{}, err
+		return nil, nil, nil, err
 	}
 	existing, err := def.Store.Load(ctx, req.RunID)
 	if err != nil {
 		release()
-		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
+		return nil, nil, nil, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
 	}
 	if len(existing) > 0 {
 		release()
@@ -50,15 +81,14 @@ func Run(ctx context.Context, def Definition, req Request) (events.RunResult, er
 		// it since. Asking again tells whether that driver holds it now.
 		again, err := lockRun(def.Store, req.RunID)
 		if errors.Is(err, ErrRunBusy) {
-			return events.RunResult{}, fmt.Errorf("%w: %w", exists, err)
+			return nil, nil, nil, fmt.Errorf("%w: %w", exists, err)
 		}
 		if err == nil {
 			again()
 		}
-		return events.RunResult{}, exists
+		return nil, nil, nil, exists
 	}
-	defer release()
-	return newDriver(def, req, ulid.ULID{}).drive(ctx, newMachine(cfg))
+	return newDriver(def, req, ulid.ULID{}), newMachine(cfg), release, nil
 }
 
 // lockRun reserves runID for this driver when the store can (seams.RunLocker).
@@ -94,6 +124,7 @@ func prepare(def Definition, req Request) (*config, error) {
 		runID: req.RunID, budget: req.Budget, modelPolicy: req.ModelReplayPolicy,
 		obsTemplate: req.observationTemplate(), synthetic: def.Synthetic.withDefaults(),
 		parser: def.Parser, tools: req.Tools, binding: req.ModelBinding, snapshot: snap,
+		agent: req.Agent, input: slices.Clone(req.Input),
 	}
 	cfg.prefix = promptPrefix(req)
 	for _, msg := range cfg.prefix {
@@ -131,6 +162,10 @@ type driver struct {
 	// every append names it, so a driver whose tail another writer moved
 	// fails its next append and stops.
 	tail ulid.ULID
+	// started is the run's RunStarted when this driver wrote it.
+	started events.Envelope
+	// cancelRun cancels the run's context (drive sets it).
+	cancelRun context.CancelCauseFunc
 }
 
 // newDriver returns a driver continuing the stream from tail (zero for a
@@ -143,13 +178,47 @@ func newDriver(def Definition, req Request, tail ulid.ULID) *driver {
 func (d *driver) observe(ctx context.Context, in input) input {
 	in.at = time.Now()
 	in.freshID = d.ids.Next(in.at).String()
+	d.cancelIfRequested(ctx)
 	in.cancelled = ctx.Err() != nil
+	in.interrupted = d.interrupted()
 	in.failures = d.failures
 	return in
 }
 
+// interrupted reports whether Definition.Interrupt is closed.
+func (d *driver) interrupted() bool {
+	select {
+	case <-d.def.Interrupt:
+		return true
+	default:
+		return false
+	}
+}
+
+// cancelIfRequested cancels the run's context when an operator asked the
+// store to cancel the run (seams.RunCanceller): the run then ends as a
+// cancelled context ends it, its appends still owed getting the grace. A
+// store that cannot tell leaves the run as it is: what it did not see, it
+// sees at the next input.
+func (d *driver) cancelIfRequested(ctx context.Context) {
+	if d.cancelRun == nil || ctx.Err() != nil {
+		return
+	}
+	c, ok := d.def.Store.(seams.RunCanceller)
+	if !ok {
+		return
+	}
+	if r, err := c.CancelRequested(ctx, d.req.RunID); err == nil && r != nil {
+		d.cancelRun(fmt.Errorf("%w by %q at %s", ErrCancelRequested, r.By, r.At.UTC().Format(time.RFC3339)))
+	}
+}
+
 // drive runs the machine from inBegin until it is done.
 func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error) {
+	// An operator's request through the store cancels the run as its
+	// context's cancellation would (cancelIfRequested).
+	ctx, d.cancelRun = context.WithCancelCause(ctx)
+	defer d.cancelRun(nil)
 	// Appends get a context of their own, made once per run (see append).
 	wctx, release := graceContext(ctx, d.req.cancelGrace())
 	defer release()
@@ -175,6 +244,8 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 			}
 			out, err := d.execute(ctx, cmd.action)
 			in = input{kind: inActionReturned, outcome: out, err: err}
+		case cmdInterrupted:
+			return events.RunResult{}, fmt.Errorf("engine: run %q stopped after %d steps: %w", d.req.RunID, len(m.fold().Steps), ErrInterrupted)
 		case cmdDone:
 			// The stored result, as it is: Resume and the projections
 			// read the same value.
@@ -226,6 +297,9 @@ func (d *driver) append(ctx, wctx context.Context, evs []events.Event) ([]events
 				d.req.RunID, kinds(g), d.req.cancelGrace(), context.Cause(wctx), err)
 		default:
 			return nil, fmt.Errorf("engine: append %s to run %q: %w", kinds(g), d.req.RunID, err)
+		}
+		if d.tail == (ulid.ULID{}) {
+			d.started = envs[0]
 		}
 		d.tail = envs[len(envs)-1].ID
 		for _, env := range envs {

@@ -42,7 +42,9 @@ type input struct {
 	at        time.Time
 	freshID   string // unused id the machine may give one intent
 	cancelled bool
-	failures  int // sink delivery failures so far
+	// interrupted: stop at the next step boundary (Definition.Interrupt)
+	interrupted bool
+	failures    int // sink delivery failures so far
 	// per kind
 	env     events.Envelope   // inReplayed
 	envs    []events.Envelope // inAppended
@@ -60,6 +62,7 @@ const (
 	cmdCallModel                // call the model, then report inModelReturned
 	cmdExecute                  // execute the action, then report inActionReturned
 	cmdDone                     // the run is over; return result
+	cmdInterrupted              // the run stopped at a step boundary, unfinished
 	cmdFail                     // the machine was driven wrongly (a bug)
 )
 
@@ -87,6 +90,8 @@ type config struct {
 	tools       *seams.Registry
 	binding     map[string]string
 	snapshot    map[string]string
+	agent       string // the request's Agent and Input, recorded in RunStarted
+	input       []byte
 	prefix      []seams.Message // run-level, injections, tool section, goal-level
 	prefixChars int
 }
@@ -129,6 +134,8 @@ type machine struct {
 	// parse failures), derived from the durable step so that a crash
 	// between StepCompleted and RunFinished resumes to the same stop.
 	ending *ending
+	// interrupted: the run stops at this step boundary (input.interrupted)
+	interrupted bool
 
 	batch []events.Event // being planned
 }
@@ -148,7 +155,8 @@ func (m *machine) step(in input) command {
 		return command{kind: cmdNone}
 	case inBegin:
 		if !m.fold().Started {
-			m.emit(events.RunStarted{RunID: m.cfg.runID, ParameterSnapshot: m.cfg.snapshot, SchemaVersion: events.CurrentSchemaVersion})
+			m.emit(events.RunStarted{RunID: m.cfg.runID, ParameterSnapshot: m.cfg.snapshot, SchemaVersion: events.CurrentSchemaVersion,
+				Agent: m.cfg.agent, Input: m.cfg.input})
 			m.startStep(in)
 			return m.flush()
 		}
@@ -175,6 +183,9 @@ func (m *machine) emit(ev events.Event) {
 }
 
 func (m *machine) flush() command {
+	if len(m.batch) == 0 && m.interrupted {
+		return command{kind: cmdInterrupted}
+	}
 	c := command{kind: cmdAppend, events: m.batch}
 	m.batch = nil
 	return c
@@ -198,7 +209,7 @@ func (m *machine) replay(env events.Envelope) {
 	}
 	m.log.Apply(env)
 	if started, ok := env.Event.(events.RunStarted); ok && m.log.Events() == 1 {
-		m.diff = snapshotDiff(started.ParameterSnapshot, m.cfg.snapshot)
+		m.diff = append(snapshotDiff(started.ParameterSnapshot, m.cfg.snapshot), startedDiff(started, Request{Agent: m.cfg.agent, Input: m.cfg.input})...)
 	}
 }
 
@@ -263,6 +274,8 @@ func (m *machine) afterDurable(in input) command {
 		return m.executeCommand()
 	case cur.Model != nil && m.cur.issued && cur.Reply == nil && cur.Failure == nil:
 		return m.modelCommand()
+	case m.interrupted:
+		return command{kind: cmdInterrupted}
 	}
 	return command{kind: cmdFail, err: "append reported with no side effect or finish pending"}
 }
@@ -317,6 +330,10 @@ func (m *machine) startStep(in input) {
 		m.finish(in, events.StopTokenBudget, nil)
 	case m.promptChars() > b.MaxPromptChars:
 		m.finish(in, events.StopContextOverflow, nil)
+	case in.interrupted:
+		// A step boundary, nothing in doubt: the run stops unfinished
+		// once what is planned is durable, announcing no model call.
+		m.interrupted = true
 	default:
 		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentModelCall, CallIndex: len(m.fold().Steps),
 			ResultID: in.freshID, ReplayPolicy: m.cfg.modelPolicy})

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -46,6 +48,17 @@ type Request struct {
 	// still owed: the outcome of a side effect that ran, and
 	// RunFinished{cancelled}. Zero means DefaultCancelGrace.
 	CancelGrace time.Duration
+	// Agent names the agent the run is for, when a worker pool may drive
+	// it (package worker): recorded in RunStarted with Input, the run is
+	// queued in a store that hands runs to workers (seams.RunQueue) until
+	// it finishes, and a worker that claims it rebuilds the definition and
+	// request from the two. Empty: no pool claims the run. It follows
+	// seams.ValidAgent. Resume refuses a request whose Agent or Input is
+	// not the one recorded, as it refuses changed parameters.
+	Agent string
+	// Input is what Agent builds the run from, opaque to PolyLoop (at most
+	// events.MaxTextBytes); it needs an Agent.
+	Input []byte
 	// OneEventPerTransaction turns write coalescing off: every event is its
 	// own durable transaction (4 per step instead of 2), so tests can reach
 	// every breakpoint a log can hold.
@@ -116,6 +129,17 @@ func (r Request) Validate() error {
 	// The stores' rule, so a run no store could keep never starts.
 	if err := seams.ValidRunID(r.RunID); err != nil {
 		errs = append(errs, fmt.Errorf("RunID: %w", err))
+	}
+	if r.Agent != "" {
+		if err := seams.ValidAgent(r.Agent); err != nil {
+			errs = append(errs, fmt.Errorf("Agent: %w", err))
+		}
+	}
+	switch {
+	case r.Agent == "" && len(r.Input) > 0:
+		bad("Input is set without an Agent to read it")
+	case len(r.Input) > events.MaxTextBytes:
+		bad("Input is %d bytes, more than %d (events.MaxTextBytes)", len(r.Input), events.MaxTextBytes)
 	}
 	for _, b := range []struct {
 		name string
@@ -252,6 +276,20 @@ func snapshotDiff(stored, now map[string]string) []string {
 		default:
 			out = append(out, fmt.Sprintf("%s: %q at start, now %q", k, a, b))
 		}
+	}
+	return out
+}
+
+// startedDiff lists how a run's recorded agent and input differ from
+// req's, in snapshotDiff's words.
+func startedDiff(started events.RunStarted, req Request) []string {
+	var out []string
+	if started.Agent != req.Agent {
+		out = append(out, fmt.Sprintf("agent: %q at start, now %q", started.Agent, req.Agent))
+	}
+	if !bytes.Equal(started.Input, req.Input) {
+		out = append(out, fmt.Sprintf("input: %d bytes at start (sha256 %.12x), now %d bytes (sha256 %.12x)",
+			len(started.Input), sha256.Sum256(started.Input), len(req.Input), sha256.Sum256(req.Input)))
 	}
 	return out
 }

@@ -247,6 +247,13 @@ func (l *RunLocks) LockRun(runID string) (func(), error) {
 	}, nil
 }
 
+// Held reports whether runID is reserved.
+func (l *RunLocks) Held(runID string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held[runID]
+}
+
 // RunReader is what readers need of a store — the inspector, a viewer, an
 // administrative command — so they depend on it and not on one store: list
 // the runs from the store's index without scanning streams, and load one

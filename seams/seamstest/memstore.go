@@ -26,6 +26,7 @@ type MemStore struct {
 	streams map[string][]stored
 	ids     events.IDSource
 	appends int
+	queue   map[string]*queued // runs started for an agent, or asked to cancel
 }
 
 type stored struct {
@@ -75,6 +76,7 @@ func (m *MemStore) Append(ctx context.Context, runID string, after ulid.ULID, ev
 		stream = append(stream, stored{env: envs[i], val: vals[i]})
 	}
 	m.streams[runID] = stream
+	m.noteQueue(runID, evs)
 	m.appends++
 	return envs, nil
 }
@@ -135,12 +137,8 @@ func (m *MemStore) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]seams.RunInfo, 0, len(m.streams))
-	for id, stream := range m.streams {
-		info := seams.RunInfo{RunID: id}
-		for _, st := range stream {
-			info.Apply(st.env)
-		}
-		out = append(out, info)
+	for id := range m.streams {
+		out = append(out, m.describe(id))
 	}
 	slices.SortFunc(out, func(a, b seams.RunInfo) int { return strings.Compare(a.RunID, b.RunID) })
 	return out, nil
@@ -166,5 +164,6 @@ func (m *MemStore) DeleteRun(ctx context.Context, runID string, force bool) erro
 		return seams.ErrRunNotFinished
 	}
 	delete(m.streams, runID)
+	delete(m.queue, runID)
 	return nil
 }

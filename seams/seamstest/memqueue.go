@@ -1,0 +1,199 @@
+package seamstest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// MemOwner is the holder a MemStore names: a MemStore's holds last as
+// long as the process.
+const MemOwner = "memstore"
+
+// queued is a MemStore's queue entry for a run: started for an agent, or
+// with a cancel request.
+type queued struct {
+	agent     string
+	claimed   bool
+	failures  int
+	lastError string
+	retryAt   time.Time
+	cancel    *seams.CancelRequest
+}
+
+var (
+	_ seams.RunQueue     = (*MemStore)(nil)
+	_ seams.RunCanceller = (*MemStore)(nil)
+	_ seams.RunDescriber = (*MemStore)(nil)
+)
+
+// noteQueue keeps the queue beside an append: a run started for an agent
+// joins it, a finished run leaves it. m.mu is held.
+func (m *MemStore) noteQueue(runID string, evs []events.Event) {
+	for _, ev := range evs {
+		if s, ok := events.As[events.RunStarted](ev); ok && s.Agent != "" {
+			if m.queue == nil {
+				m.queue = map[string]*queued{}
+			}
+			m.queue[runID] = &queued{agent: s.Agent}
+		}
+		if ev.Kind() == events.KindRunFinished {
+			delete(m.queue, runID)
+		}
+	}
+}
+
+// ClaimRuns implements seams.RunQueue, in run id order.
+func (m *MemStore) ClaimRuns(ctx context.Context, agents []string, max int) ([]seams.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	var out []seams.Claim
+	for _, id := range slices.Sorted(maps.Keys(m.queue)) {
+		if len(out) >= max {
+			break
+		}
+		q := m.queue[id]
+		if q.agent == "" || !slices.Contains(agents, q.agent) || q.claimed || m.Held(id) || now.Before(q.retryAt) {
+			continue
+		}
+		q.claimed = true
+		out = append(out, seams.Claim{RunID: id, Agent: q.agent})
+	}
+	return out, nil
+}
+
+// ReleaseRun implements seams.RunQueue.
+func (m *MemStore) ReleaseRun(ctx context.Context, runID, failure string, retry time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	q := m.queue[runID]
+	if q == nil || m.Held(runID) {
+		return nil
+	}
+	q.claimed = false
+	if failure != "" {
+		q.failures++
+		q.lastError, q.retryAt = failure, time.Now().Add(retry)
+	}
+	return nil
+}
+
+// RequeueRun implements seams.RunQueue.
+func (m *MemStore) RequeueRun(ctx context.Context, runID string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.unfinished(runID); err != nil {
+		return fmt.Errorf("requeue: %w", err)
+	}
+	q := m.queue[runID]
+	switch {
+	case q == nil || q.agent == "":
+		return fmt.Errorf("requeue run %q: %w", runID, seams.ErrNotQueued)
+	case m.Held(runID):
+		return fmt.Errorf("requeue run %q: %w by %s", runID, seams.ErrRunLocked, MemOwner)
+	}
+	*q = queued{agent: q.agent, cancel: q.cancel}
+	return nil
+}
+
+// unfinished refuses a run the store does not hold or that finished.
+// m.mu is held.
+func (m *MemStore) unfinished(runID string) error {
+	stream := m.streams[runID]
+	switch {
+	case len(stream) == 0:
+		return fmt.Errorf("run %q: %w", runID, seams.ErrNoRun)
+	case stream[len(stream)-1].env.Kind == events.KindRunFinished:
+		return fmt.Errorf("run %q: %w", runID, seams.ErrRunFinished)
+	}
+	return nil
+}
+
+// RequestCancel implements seams.RunCanceller.
+func (m *MemStore) RequestCancel(ctx context.Context, runID, by string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.unfinished(runID); err != nil {
+		return "", fmt.Errorf("request cancel: %w", err)
+	}
+	if m.queue == nil {
+		m.queue = map[string]*queued{}
+	}
+	q := m.queue[runID]
+	if q == nil {
+		q = &queued{}
+		m.queue[runID] = q
+	}
+	if q.cancel == nil {
+		q.cancel = &seams.CancelRequest{By: by, At: time.Now()}
+	}
+	if m.Held(runID) {
+		return MemOwner, nil
+	}
+	return "", nil
+}
+
+// CancelRequested implements seams.RunCanceller.
+func (m *MemStore) CancelRequested(ctx context.Context, runID string) (*seams.CancelRequest, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if q := m.queue[runID]; q != nil && q.cancel != nil {
+		r := *q.cancel
+		return &r, nil
+	}
+	return nil, nil
+}
+
+// Describe implements seams.RunDescriber.
+func (m *MemStore) Describe(ctx context.Context, runID string) (seams.RunInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return seams.RunInfo{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.streams[runID]) == 0 {
+		return seams.RunInfo{}, fmt.Errorf("run %q: %w", runID, seams.ErrNoRun)
+	}
+	return m.describe(runID), nil
+}
+
+// describe is runID's entry with its liveness. m.mu is held.
+func (m *MemStore) describe(runID string) seams.RunInfo {
+	info := seams.RunInfo{RunID: runID}
+	for _, st := range m.streams[runID] {
+		info.Apply(st.env)
+	}
+	if q := m.queue[runID]; q != nil {
+		info.Agent, info.Failures, info.LastError, info.RetryAt = q.agent, q.failures, q.lastError, q.retryAt
+		if q.cancel != nil {
+			r := *q.cancel
+			info.CancelRequested = &r
+		}
+		if q.claimed {
+			info.Owner = MemOwner
+		}
+	}
+	if m.Held(runID) {
+		info.Owner = MemOwner
+	}
+	info.Liveness(time.Now())
+	return info
+}
