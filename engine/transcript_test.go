@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ var update = flag.Bool("update", false, "rewrite the golden transcripts")
 //	budget steps=N actions=N parse=N prompt=N
 //	model_policy safe|never
 //	tools                    use the test registry (count: safe, pay: never, submit: completes_run)
+//	start_interrupted        Definition.Interrupt is closed before the run begins (engine.Start)
 //	model <content>          the model replies (call id c<N>)
 //	model~ <content>         the model replies without a call id
 //	thinking <text>          the next reply carries this thinking
@@ -40,6 +42,9 @@ var update = flag.Bool("update", false, "rewrite the golden transcripts")
 //	action? <status>         the executor returns an outcome with this (invalid) status
 //	action! <error>          the executor fails
 //	cancel                   the context is cancelled from now on
+//	interrupt                Definition.Interrupt is closed from now on
+//	resume                   (after the machine stopped interrupted) a new machine replays
+//	                         the durable log and begins, not interrupted
 //	crash                    the process dies; a new machine replays what was durable, then begins
 //	crash N                  (right after a line that leads to an append) only the first N
 //	                         events of that append became durable, then the process died
@@ -82,6 +87,7 @@ type scriptRun struct {
 	ids     int
 	clock   time.Time
 	cancel  bool
+	stop    bool // interrupted
 }
 
 func runScript(t *testing.T, path string) string {
@@ -98,7 +104,7 @@ func runScript(t *testing.T, path string) string {
 			continue
 		}
 		switch strings.Fields(line)[0] {
-		case "budget", "model_policy", "tools":
+		case "budget", "model_policy", "tools", "start_interrupted":
 			setup = append(setup, line)
 		default:
 			steps = append(steps, line)
@@ -107,6 +113,7 @@ func runScript(t *testing.T, path string) string {
 	r := &scriptRun{t: t, clock: time.UnixMilli(1_767_225_600_000)}
 	r.cfg = r.configure(setup)
 	r.m = newMachine(r.cfg)
+	r.stop = slices.Contains(setup, "start_interrupted")
 	cmd := r.feed(input{kind: inBegin}, "begin")
 	thinking := ""
 	var usage *events.Usage
@@ -127,6 +134,17 @@ func runScript(t *testing.T, path string) string {
 			continue
 		case cmdDone:
 			return r.out.String()
+		case cmdInterrupted:
+			if len(steps) == 0 {
+				return r.out.String()
+			}
+			if steps[0] != "resume" {
+				t.Fatalf("%q after the machine stopped interrupted: want resume", steps[0])
+			}
+			steps = steps[1:]
+			r.stop = false
+			cmd = r.crash("# stopped at a step boundary; a new machine replays the log and resumes\n")
+			continue
 		case cmdFail:
 			t.Fatalf("machine failed: %s", cmd.err)
 		}
@@ -160,6 +178,10 @@ func runScript(t *testing.T, path string) string {
 			r.cancel = true
 			r.out.WriteString("# context cancelled\n")
 			continue // the pending side effect is still pending
+		case "interrupt":
+			r.stop = true
+			r.out.WriteString("# interrupted (a worker shuts down)\n")
+			continue
 		case "crash":
 			cmd = r.crash("# crash: a new machine replays the durable log\n")
 			continue
@@ -247,7 +269,7 @@ func (r *scriptRun) crash(note string) command {
 func (r *scriptRun) feed(in input, label string) command {
 	r.clock = r.clock.Add(5 * time.Millisecond)
 	r.ids++
-	in.at, in.freshID, in.cancelled = r.clock, fmt.Sprintf("id%d", r.ids), r.cancel
+	in.at, in.freshID, in.cancelled, in.interrupted = r.clock, fmt.Sprintf("id%d", r.ids), r.cancel, r.stop
 	cmd := r.m.step(in)
 	fmt.Fprintf(&r.out, "> %s\n< %s\n", label, renderCommand(cmd))
 	return cmd
@@ -295,6 +317,8 @@ func renderCommand(c command) string {
 			answer = fmt.Sprintf(" answer=%q", *c.result.FinalAnswer)
 		}
 		return fmt.Sprintf("done %s steps=%d%s", c.result.StopReason, len(c.result.Steps), answer)
+	case cmdInterrupted:
+		return "stop interrupted (unfinished)"
 	}
 	return "fail " + c.err
 }
