@@ -57,13 +57,13 @@ type input struct {
 type cmdKind int
 
 const (
-	cmdNone      cmdKind = iota // nothing (after a replayed event)
-	cmdAppend                   // make events durable, in order, then report inAppended
-	cmdCallModel                // call the model, then report inModelReturned
-	cmdExecute                  // execute the action, then report inActionReturned
-	cmdDone                     // the run is over; return result
-	cmdInterrupted              // the run stopped at a step boundary, unfinished
-	cmdFail                     // the machine was driven wrongly (a bug)
+	cmdNone        cmdKind = iota // nothing (after a replayed event)
+	cmdAppend                     // make events durable, in order, then report inAppended
+	cmdCallModel                  // call the model, then report inModelReturned
+	cmdExecute                    // execute the action, then report inActionReturned
+	cmdDone                       // the run is over; return result
+	cmdInterrupted                // the run stopped at a step boundary, unfinished
+	cmdFail                       // the machine was driven wrongly (a bug)
 )
 
 // command is the machine's answer. Ordering rule: the events of a cmdAppend
