@@ -40,8 +40,10 @@ func (r *rig) agent(ctx context.Context, runID string, input []byte) (engine.Def
 		return engine.Definition{}, engine.Request{}, errors.New("the agent's configuration is missing")
 	}
 	tools, err := seams.NewRegistry(seams.Tool{
-		Spec:    seams.ToolSpec{Name: "pay", ReplayPolicy: events.ReplayNever, Parameters: map[string]any{"type": "object"}},
-		Handler: func(context.Context, map[string]any) (string, error) { return "", errors.New("the rig's executor runs pay") },
+		Spec: seams.ToolSpec{Name: "pay", ReplayPolicy: events.ReplayNever, Parameters: map[string]any{"type": "object"}},
+		Handler: func(context.Context, map[string]any) (string, error) {
+			return "", errors.New("the rig's executor runs pay")
+		},
 	})
 	if err != nil {
 		return engine.Definition{}, engine.Request{}, err
