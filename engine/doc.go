@@ -86,6 +86,25 @@
 // cancelled. If the grace runs out, Run returns an error saying which
 // events were not durable and that the run can be resumed.
 //
+// A run may also be cancelled from outside the process that drives it:
+// Cancel records an operator's request in a store that keeps them
+// (seams.RunCanceller), and the driver, which asks the store as it
+// observes every input, cancels the run's context itself once it sees
+// one — so a request recorded before an action's intent was durable is
+// seen before the action runs, and the run ends cancelled as above. A run
+// nobody holds is ended by Cancel at once, after its log is checked.
+//
+// # Interruption is not cancellation
+//
+// Definition.Interrupt stops a run at its next step boundary, where
+// nothing is in doubt: the step in progress completes, its side effect
+// included, no model call is announced, nothing is written for the stop,
+// and Run or Resume return ErrInterrupted; Resume later continues from
+// the same place. It is how a worker (package worker) shuts down without
+// ending its runs. A run that would stop anyway at that boundary (a
+// budget, a final answer) finishes. Start uses it to write a run's
+// RunStarted alone (a submitted run, which a worker drives).
+//
 // # Choices worth knowing
 //
 //   - Every observation fed back to the model, a parse failure's explanation
