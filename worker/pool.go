@@ -237,8 +237,11 @@ func (p *Pool) Work(ctx context.Context) error {
 		if free := p.opts.Concurrency - active; free > 0 && ctx.Err() == nil {
 			// A claim that fails (the server restarting, say) is tried
 			// again after the interval: what it would have claimed stays
-			// claimable.
-			claims, _ := p.queue.ClaimRuns(ctx, p.names, free)
+			// claimable. It is not cut short by ctx: runs a claim took
+			// are driven, and given back at once if ctx ended meanwhile.
+			cctx, cancel := context.WithTimeout(runCtx, 30*time.Second)
+			claims, _ := p.queue.ClaimRuns(cctx, p.names, free)
+			cancel()
 			for _, c := range claims {
 				active++
 				wg.Add(1)
