@@ -33,6 +33,8 @@ import (
 const (
 	childStoreEnv  = "POLYLOOP_FLEET_CHILD_STORE"  // the store: a file or a PostgreSQL URL
 	childLedgerEnv = "POLYLOOP_FLEET_CHILD_LEDGER" // where each execution is recorded
+	// set: the worker stops by itself once its store lists no unfinished run
+	childUntilDoneEnv = "POLYLOOP_FLEET_CHILD_UNTIL_DONE"
 )
 
 func TestMain(m *testing.M) {
@@ -138,6 +140,16 @@ func fleetChild(target, ledgerPath string) int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 3
 	}
+	if os.Getenv(childUntilDoneEnv) != "" {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		go func() {
+			for unfinished(noTB{}, store) > 0 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			cancel()
+		}()
+	}
 	if err := pool.Work(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 4
@@ -154,11 +166,12 @@ type child struct {
 	exited chan error
 }
 
-func startFleetChild(t *testing.T, store, ledgerPath string) *child {
+func startFleetChild(t *testing.T, store, ledgerPath string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childStoreEnv+"="+store, childLedgerEnv+"="+ledgerPath,
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	cmd.Env = append(cmd.Env, env...)
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -257,6 +270,29 @@ func fleetOutcome(t *testing.T, target, ledgerPath string) (unknown int) {
 	return unknown
 }
 
+// noTB stands in for a test in a worker process: a failure is fatal.
+type noTB struct{}
+
+func (noTB) Fatal(args ...any) {
+	fmt.Fprintln(os.Stderr, append([]any{"child:"}, args...)...)
+	os.Exit(5)
+}
+
+// unfinished counts the runs s lists unfinished.
+func unfinished(t interface{ Fatal(...any) }, s seams.RunReader) int {
+	infos, err := s.Runs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, info := range infos {
+		if info.Status != seams.StatusFinished {
+			n++
+		}
+	}
+	return n
+}
+
 // heldBy lists the unfinished runs whose holder is owner.
 func heldBy(t *testing.T, s seams.RunReader, owner string) int {
 	infos, err := s.Runs(context.Background())
@@ -335,20 +371,7 @@ func TestAFleetOfWorkerProcessesSurvivesKills(t *testing.T) {
 	workers[i] = startFleetChild(t, target, ledgerPath)
 
 	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		infos, err := reader.Runs(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		left := 0
-		for _, info := range infos {
-			if info.Status != seams.StatusFinished {
-				left++
-			}
-		}
-		if left == 0 {
-			break
-		}
+	for left := unfinished(t, reader); left > 0; left = unfinished(t, reader) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d runs still unfinished", left)
 		}
@@ -401,25 +424,17 @@ func TestAPoolOnABboltFilePicksUpWhatAKilledProcessLeft(t *testing.T) {
 		}
 		t.Logf("kill %d: %d runs unfinished", kill, left)
 	}
-	w := startFleetChild(t, target, ledgerPath)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		time.Sleep(200 * time.Millisecond)
-		// The file is held by the worker: ask it to stop once the ledger
-		// stops growing, then read.
-		if time.Now().After(deadline) {
-			break
+	// The last worker stops by itself once no run is left unfinished (the
+	// file is its while it works: nobody else can look).
+	w := startFleetChild(t, target, ledgerPath, childUntilDoneEnv+"=1")
+	select {
+	case err := <-w.exited:
+		if err != nil {
+			t.Fatalf("the last worker exited with %v: %s", err, w.out.String())
 		}
-		before, _ := os.Stat(ledgerPath)
-		time.Sleep(500 * time.Millisecond)
-		after, _ := os.Stat(ledgerPath)
-		if before != nil && after != nil && before.Size() == after.Size() {
-			break
-		}
-	}
-	w.cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-w.exited; err != nil {
-		t.Fatalf("the last worker exited with %v: %s", err, w.out.String())
+	case <-time.After(3 * time.Minute):
+		w.cmd.Process.Kill()
+		t.Fatalf("the last worker did not finish the runs: %s", w.out.String())
 	}
 	fleetOutcome(t, target, ledgerPath)
 }
