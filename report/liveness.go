@@ -177,8 +177,8 @@ type CancelJSON struct {
 	At string `json:"at"`
 }
 
-// livenessJSON is info's coordination fields in JSON.
-func livenessJSON(info seams.RunInfo) LivenessJSON {
+// LivenessOf is info's coordination fields in JSON.
+func LivenessOf(info seams.RunInfo) LivenessJSON {
 	j := LivenessJSON{Agent: stringOrNil(info.Agent), Owner: stringOrNil(info.Owner), LeaseExpires: stampOrNil(info.LeaseExpires),
 		Failures: info.Failures, LastError: stringOrNil(info.LastError), RetryAt: stampOrNil(info.RetryAt)}
 	if c := info.CancelRequested; c != nil {

@@ -233,7 +233,7 @@ type RunJSON struct {
 // JSON is r's listing JSON.
 func (r Run) JSON() RunJSON {
 	j := RunJSON{RunID: r.Info.RunID, Status: r.Status, Steps: r.Info.Steps, Events: r.Info.Events, Usage: r.Usage,
-		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent), LivenessJSON: livenessJSON(r.Info)}
+		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent), LivenessJSON: LivenessOf(r.Info)}
 	if r.Info.StopReason != "" {
 		reason := r.Info.StopReason
 		j.StopReason = &reason
@@ -318,7 +318,7 @@ func verdictOf(status seams.RunStatus) string {
 func Verdict(r Run, stream []events.Envelope) VerdictJSON {
 	v := r.Verdict
 	j := VerdictJSON{RunID: r.Info.RunID, Status: r.Status, Verdict: verdictOf(r.Status), EnvErrors: EnvErrors(stream),
-		LivenessJSON: livenessJSON(r.Info)}
+		LivenessJSON: LivenessOf(r.Info)}
 	if r.Err != nil {
 		j.Problems = Problems(r.Err)
 		return j
