@@ -80,16 +80,17 @@ func (f *Follower) Shown(status seams.RunStatus) { f.shown = status }
 // interrupted), with changed true when that differs from the liveness
 // reported last (Shown's, or running at first). Nothing is reported —
 // changed false — for a run whose RunFinished Next returned or whose entry
-// says finished (Next will return it), whose entry is damaged, or that the
-// store no longer holds (Next says what became of it); an error is the
-// store's.
+// says finished (Next will return it), whose entry is damaged (listed
+// corrupt, or Describe's error matching events.ErrCorruption), or that the
+// store no longer holds (Next says what became of it); another error is
+// the store's.
 func (f *Follower) Liveness(ctx context.Context) (info seams.RunInfo, changed bool, err error) {
 	if f.finished {
 		return seams.RunInfo{}, false, nil
 	}
 	info, err = Describe(ctx, f.store, f.runID)
 	switch {
-	case errors.Is(err, seams.ErrNoRun):
+	case errors.Is(err, seams.ErrNoRun) || errors.Is(err, events.ErrCorruption):
 		return info, false, nil
 	case err != nil:
 		return info, false, err

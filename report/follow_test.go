@@ -366,3 +366,22 @@ func TestFollowAfterNextSaysWhoDrivesTheRunFirst(t *testing.T) {
 		t.Fatalf("the follower said %q and ended with %v; want the liveness, then the store's error", s.String(), err)
 	}
 }
+
+// damagedEntry is a store whose Describe finds the run's entry damaged.
+type damagedEntry struct{ *seamstest.MemStore }
+
+func (s damagedEntry) Describe(ctx context.Context, runID string) (seams.RunInfo, error) {
+	return seams.RunInfo{}, &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
+}
+
+// TestLivenessLeavesDamageToNext: a run whose entry is damaged has no
+// liveness to report, and no error from Liveness: Next reports the damage
+// where the stream shows it.
+func TestLivenessLeavesDamageToNext(t *testing.T) {
+	mem := &seamstest.MemStore{}
+	proptest.AppendEach(t, mem, "r", proptest.SoundStream("r")[:5])
+	f := report.NewFollower(damagedEntry{mem}, "r")
+	if info, changed, err := f.Liveness(context.Background()); changed || err != nil {
+		t.Fatalf("a damaged entry: %+v, changed %t, %v", info, changed, err)
+	}
+}

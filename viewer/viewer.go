@@ -251,13 +251,13 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 }
 
 // describe is the run's entry as the store lists it, with its holder
-// (report.Describe), answering a store failure itself. A run the store's
-// listing lacks (its stream was loaded: a damaged entry) is described by
-// its id alone.
+// (report.Describe), answering a store failure itself. A run whose entry
+// the store lacks or finds damaged (its stream was loaded, and says what
+// is wrong) is described by its id alone.
 func (h *handler) describe(w http.ResponseWriter, r *http.Request, id string) (seams.RunInfo, bool) {
 	info, err := report.Describe(r.Context(), h.store, id)
 	switch {
-	case errors.Is(err, seams.ErrNoRun):
+	case errors.Is(err, seams.ErrNoRun) || errors.Is(err, events.ErrCorruption):
 		return seams.RunInfo{RunID: id}, true
 	case err != nil:
 		http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)

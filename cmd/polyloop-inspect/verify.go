@@ -29,8 +29,9 @@ func (c *call) verifyIn(s seams.RunReader) int {
 	if len(c.args) == 2 {
 		info, err := report.Describe(ctx, s, c.args[1])
 		switch {
-		case errors.Is(err, seams.ErrNoRun):
-			info = seams.RunInfo{RunID: c.args[1]} // its stream says whether it is there
+		case errors.Is(err, seams.ErrNoRun) || errors.Is(err, events.ErrCorruption):
+			// Its stream says whether it is there, and what is damaged.
+			info = seams.RunInfo{RunID: c.args[1]}
 		case err != nil:
 			return c.fail("%s", clip(err.Error(), 2000))
 		}
