@@ -1,9 +1,14 @@
 // Package report is what PolyLoop's readers say about runs — the
 // polyloop-inspect command and the run viewer: a run's listing status
-// (a seams.RunStatus) from recovery's verdict, filters over listings, the
-// JSON shapes both print (the same names in `polyloop-inspect … --json`
-// and the viewer's endpoints), and the Follower both follow a run with.
-// It reads through seams.RunReader, never a particular store.
+// (a seams.RunStatus) from recovery's verdict and the store's word on who
+// holds the run (Status: a run a live driver holds is running whatever
+// its log's tail; only a run nobody holds is in doubt), who drives a run
+// in words (Holder, Liveness), filters over listings, the JSON shapes
+// both print (the same names in `polyloop-inspect … --json` and the
+// viewer's endpoints), and the Follower both follow a run with, which
+// says when nobody drives the run it follows. It reads through
+// seams.RunReader (and seams.RunDescriber where a store is one), never a
+// particular store.
 //
 // What does not live here: rendering (text tables in cmd/polyloop-inspect,
 // HTML in package viewer) and the verdicts themselves (package recovery).
@@ -25,24 +30,28 @@ import (
 
 // Run is one run as a listing shows it.
 type Run struct {
+	// Info is the run's entry: the loaded stream's summary, with what the
+	// store's listing said of its holder and queue.
 	Info    seams.RunInfo
-	Status  seams.RunStatus // from Verdict and Err, not the index
+	Status  seams.RunStatus // Status of Info, Verdict and Err when classified
 	Verdict recovery.Verdict
 	Err     error // why the run is corrupt
 	Usage   events.UsageTotals
+	Now     time.Time // when it was classified: the moment its liveness is of
 }
 
-// Classify is the run whose index entry is info, from its loaded stream.
-// Every figure of the run is the stream's: its entry is the stream's
-// summary (projections.Summarize) under info's run id, so a run an agent
-// wrote to after its index entry was read is described as the loaded
-// stream shows it, never as the index's counts beside the stream's usage
-// and verdict. (A damaged run's figures are those of the events that
-// decoded; info stands only when none did.)
+// Classify is the run whose listing entry is info, from its loaded
+// stream. Every figure of the run is the stream's: its entry is the
+// stream's summary (projections.Summarize) under info's run id, so a run
+// an agent wrote to after its index entry was read is described as the
+// loaded stream shows it, never as the index's counts beside the stream's
+// usage and verdict. (A damaged run's figures are those of the events that
+// decoded; info stands only when none did.) Who holds the run, and its
+// place in the workers' queue, are info's: only the store knows them.
 func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
 	if len(stream) > 0 {
 		id := info.RunID
-		info = projections.Summarize(stream)
+		info = withCoordination(projections.Summarize(stream), info)
 		info.RunID = id
 	}
 	c := recovery.NewClassifier(info.RunID)
@@ -54,14 +63,18 @@ func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
 }
 
 // Classified is Classify for a caller that has classified and folded the
-// stream already (recovery.ClassifyLoaded's v and err, the fold's usage).
+// stream already (recovery.ClassifyLoaded's v and err, the fold's usage);
+// its status is Status's now.
 func Classified(info seams.RunInfo, v recovery.Verdict, err error, usage events.UsageTotals) Run {
-	r := Run{Info: info, Verdict: v, Err: err, Usage: usage, Status: seams.StatusCorrupt}
-	if err == nil {
-		r.Status = v.State.Status()
-	}
-	return r
+	now := time.Now()
+	return Run{Info: info, Verdict: v, Err: err, Usage: usage, Status: Status(info, v, err, now), Now: now}
 }
+
+// Holder is Holder of r when it was classified.
+func (r Run) Holder() string { return Holder(r.Status, r.Info, r.Now) }
+
+// Liveness is Liveness of r when it was classified.
+func (r Run) Liveness() string { return Liveness(r.Status, r.Info, r.Now) }
 
 // List is every run of the store, newest first (by first event; ties by
 // run id), classified.
@@ -122,7 +135,7 @@ func (f Filter) Check() error {
 	var errs []error
 	for _, s := range f.Status {
 		if !slices.Contains(seams.RunStatuses, s) {
-			errs = append(errs, fmt.Errorf("status %q: want finished, running, in_doubt or corrupt", s))
+			errs = append(errs, fmt.Errorf("status %q: want %s", s, statusList()))
 		}
 	}
 	for _, r := range f.StopReason {
@@ -134,6 +147,22 @@ func (f Filter) Check() error {
 		errs = append(errs, fmt.Errorf("limit %d: want a positive number", f.Limit))
 	}
 	return errors.Join(errs...)
+}
+
+// statusList is seams.RunStatuses in words: "finished, running, … or
+// corrupt".
+func statusList() string {
+	var b strings.Builder
+	for i, s := range seams.RunStatuses {
+		switch {
+		case i == len(seams.RunStatuses)-1:
+			b.WriteString(" or ")
+		case i > 0:
+			b.WriteString(", ")
+		}
+		b.WriteString(string(s))
+	}
+	return b.String()
 }
 
 // Apply is the runs f keeps, in order.
@@ -198,12 +227,13 @@ type RunJSON struct {
 	LastEvent   *string            `json:"last_event"`
 	FinalAnswer *string            `json:"final_answer"`
 	Usage       events.UsageTotals `json:"usage"`
+	LivenessJSON
 }
 
 // JSON is r's listing JSON.
 func (r Run) JSON() RunJSON {
 	j := RunJSON{RunID: r.Info.RunID, Status: r.Status, Steps: r.Info.Steps, Events: r.Info.Events, Usage: r.Usage,
-		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent)}
+		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent), LivenessJSON: LivenessOf(r.Info)}
 	if r.Info.StopReason != "" {
 		reason := r.Info.StopReason
 		j.StopReason = &reason
@@ -214,10 +244,14 @@ func (r Run) JSON() RunJSON {
 	return j
 }
 
-// VerdictJSON is a run's verdict in JSON.
+// VerdictJSON is a run's verdict in JSON. Plan, PlanText and InDoubt
+// say what Resume would do, so they are null for a run a live driver
+// holds: its driver continues it, and what its tail shows is a call in
+// progress, not a side effect in doubt.
 type VerdictJSON struct {
 	RunID       string             `json:"run_id"`
-	Verdict     string             `json:"verdict"` // the run's status as a verdict words it: finished, corrupt or Resumable
+	Verdict     string             `json:"verdict"` // the run's status as a verdict words it: finished, corrupt, running or Resumable
+	Status      seams.RunStatus    `json:"status"`  // the run's listing status (Status)
 	State       *recovery.State    `json:"state"`
 	Step        *int               `json:"step"`
 	Plan        *recovery.Plan     `json:"plan"`
@@ -227,6 +261,8 @@ type VerdictJSON struct {
 	StopReason  *events.StopReason `json:"stop_reason"`
 	FinalAnswer *string            `json:"final_answer"`
 	EnvErrors   []EnvError         `json:"env_errors"`
+	Liveness    *string            `json:"liveness"` // who drives an unfinished run, in words (Liveness)
+	LivenessJSON
 }
 
 // InDoubtJSON is a side effect whose outcome is unknown.
@@ -264,35 +300,44 @@ func Problems(err error) []string {
 	return strings.Split(err.Error(), "\n")
 }
 
-// Resumable is how a verdict words the statuses Resume continues
-// (seams.RunStatus.Resumable: running, in_doubt); a verdict says finished
-// and corrupt as the statuses do.
+// Resumable is how a verdict words the statuses of a run nobody holds,
+// which Resume continues (awaiting, interrupted, in_doubt); a verdict says
+// finished, corrupt and running (a live driver holds the run and
+// continues it; Resume would find it busy) as the statuses do.
 const Resumable = "resumable"
 
 // verdictOf is status as a verdict words it.
 func verdictOf(status seams.RunStatus) string {
-	if status.Resumable() {
+	if status.Resumable() && !status.Held() {
 		return Resumable
 	}
 	return string(status)
 }
 
-// Verdict is the verdict JSON of runID's stream, classified as v (err: why
-// it is corrupt).
-func Verdict(runID string, stream []events.Envelope, v recovery.Verdict, err error) VerdictJSON {
-	j := VerdictJSON{RunID: runID, EnvErrors: EnvErrors(stream)}
-	if err != nil {
-		j.Verdict, j.Problems = verdictOf(seams.StatusCorrupt), Problems(err)
+// Verdict is the verdict JSON of r (Classify), whose stream is stream.
+func Verdict(r Run, stream []events.Envelope) VerdictJSON {
+	v := r.Verdict
+	j := VerdictJSON{RunID: r.Info.RunID, Status: r.Status, Verdict: verdictOf(r.Status), EnvErrors: EnvErrors(stream),
+		LivenessJSON: LivenessOf(r.Info)}
+	if r.Err != nil {
+		j.Problems = Problems(r.Err)
 		return j
 	}
-	plan, text := v.Plan, v.Plan.Describe()
-	j.State, j.Plan, j.PlanText = &v.State, &plan, &text
-	j.Verdict = verdictOf(v.State.Status())
+	j.State = &v.State
 	if v.State == recovery.Finished {
+		plan, text := v.Plan, v.Plan.Describe()
+		j.Plan, j.PlanText = &plan, &text
 		j.StopReason, j.FinalAnswer = &v.Result.StopReason, v.Result.FinalAnswer
 		return j
 	}
 	j.Step = &v.Step
+	live := r.Liveness()
+	j.Liveness = &live
+	if r.Status.Held() {
+		return j
+	}
+	plan, text := v.Plan, v.Plan.Describe()
+	j.Plan, j.PlanText = &plan, &text
 	if in := v.InDoubt; in != nil {
 		d := &InDoubtJSON{Step: in.CallIndex, Kind: in.IntentKind, ResultID: in.ResultID, ReplayPolicy: in.ReplayPolicy}
 		if in.ToolName != "" {

@@ -83,7 +83,8 @@ func TestParseSince(t *testing.T) {
 }
 
 // TestListClassifiesNewestFirst: List reads every run through the reader,
-// newest first, with the status recovery's verdict gives.
+// newest first, with the status recovery's verdict and the store's
+// liveness give (nobody holds the unfinished run).
 func TestListClassifiesNewestFirst(t *testing.T) {
 	store := &seamstest.MemStore{}
 	ctx := context.Background()
@@ -98,7 +99,7 @@ func TestListClassifiesNewestFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := []string{runs[0].Info.RunID + ":" + string(runs[0].Status), runs[1].Info.RunID + ":" + string(runs[1].Status)}
-	if want := []string{"started:running", "sound:finished"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"started:interrupted", "sound:finished"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("%v, want %v", got, want)
 	}
 	if j := runs[1].JSON(); j.StopReason == nil || j.Started == nil || j.Events != len(sound) || j.FinalAnswer == nil || *j.FinalAnswer != "42" {
@@ -182,8 +183,7 @@ func TestVerdictJSON(t *testing.T) {
 	sound := proptest.SoundStream("r")
 	verdict := func(evs []events.Event) report.VerdictJSON {
 		stream := envelopes(evs)
-		v, err := recovery.Classify("r", stream)
-		return report.Verdict("r", stream, v, err)
+		return report.Verdict(report.Classify(seams.RunInfo{RunID: "r"}, stream, nil), stream)
 	}
 	fin := verdict(sound)
 	if fin.Verdict != "finished" || *fin.StopReason != events.StopAgentFinished || fin.FinalAnswer == nil || *fin.FinalAnswer != "42" ||

@@ -2,10 +2,13 @@ package viewer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,16 +58,7 @@ func TestInABrowserANewStepAppears(t *testing.T) {
 	}()
 	<-model.Entered // step 0 is durable; the run waits in its second model call
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
-		chromedp.Flag("disable-dev-shm-usage", true))
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	bctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	// The first action starts the browser, whose life is that context's:
-	// no timeout on it (chromedp's rule); a watchdog ends a stuck test.
-	watchdog := time.AfterFunc(90*time.Second, cancel)
-	defer watchdog.Stop()
+	bctx := newBrowser(t, path)
 
 	steps := func() int {
 		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("#steps tr.step").length`))
@@ -91,9 +85,92 @@ func TestInABrowserANewStepAppears(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	status, err := chromedp.Run(bctx, chromedp.Text("#status"))
+	// The page may reload once more (the run's last events): read the
+	// status it settles on.
+	status := waitText(t, bctx, "#status", "finished")
+	t.Log(fmt.Sprintf("the page shows %d steps, status %s", steps(), status))
+}
+
+// newBrowser starts a headless Chromium at path; the first action starts
+// it, and its life is the returned context's.
+func newBrowser(t *testing.T, path string) context.Context {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	bctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	// No timeout on the browser's context (chromedp's rule); a watchdog
+	// ends a stuck test.
+	watchdog := time.AfterFunc(90*time.Second, cancel)
+	t.Cleanup(func() { watchdog.Stop() })
+	return bctx
+}
+
+// waitText waits until the page's element sel holds want (the page may be
+// reloading meanwhile) and returns its text; it fails t after a while.
+func waitText(t *testing.T, bctx context.Context, sel, want string) string {
+	t.Helper()
+	var got string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		text, err := chromedp.Run(bctx, chromedp.Evaluate[string](
+			`(function(){var e=document.querySelector(`+strconv.Quote(sel)+`);return e?e.textContent:"";})()`))
+		if err == nil {
+			got = text
+			if strings.Contains(got, want) {
+				return got
+			}
+		}
+		if time.Now().After(deadline) {
+			html, _ := chromedp.Run(bctx, chromedp.OuterHTML("body"))
+			t.Fatalf("%s says %q, never %q; the page:\n%s", sel, got, want, html)
+		}
+	}
+}
+
+// TestInABrowserAnInterruptedRunSaysSo: a real headless Chromium shows
+// the page of a run a driver holds; when the driver lets go of it without
+// writing anything more (a worker that stops, or dies and its lease runs
+// out), the page says, without anyone reloading it, that nobody drives
+// the run; when a driver resumes it, the page follows the run to its end.
+func TestInABrowserAnInterruptedRunSaysSo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	path := browser(t)
+	store := &seamstest.MemStore{}
+	srv := httptest.NewServer(viewer.New(store, viewer.Options{Poll: 50 * time.Millisecond}))
+	defer srv.Close()
+	req := engine.Request{RunID: "stops", Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
+		Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}}
+	// A run that stopped at a step boundary, unfinished.
+	interrupt := make(chan struct{})
+	close(interrupt)
+	_, err := engine.Run(context.Background(), engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(`TOOL read {}`)},
+		Parser: seamstest.Parser{}, Store: store, Interrupt: interrupt}, req)
+	if !errors.Is(err, engine.ErrInterrupted) {
+		t.Fatalf("the first driver: %v, want it interrupted", err)
+	}
+	release, err := store.LockRun("stops") // a driver holds it, in a call
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Log(fmt.Sprintf("the page shows %d steps, status %s", steps(), status))
+
+	bctx := newBrowser(t, path)
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/run?id=stops"), chromedp.WaitVisible("#steps")); err != nil {
+		t.Fatalf("open the page: %v", err)
+	}
+	waitText(t, bctx, "#status", "running")
+	waitText(t, bctx, "#liveness", "memstore drives it")
+	release() // the driver lets go, writing nothing
+	said := waitText(t, bctx, "#liveness", "interrupted: nobody drives it")
+	waitText(t, bctx, "#status", "interrupted")
+
+	_, err = engine.Resume(context.Background(), engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(`FINAL: done`)},
+		Parser: seamstest.Parser{}, Store: store}, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitText(t, bctx, "#status", "finished")
+	t.Logf("the page said %q, then followed the resumed run to its end", said)
 }

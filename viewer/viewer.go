@@ -5,15 +5,18 @@
 //	mux.Handle("/runs/", http.StripPrefix("/runs", viewer.New(store, viewer.Options{})))
 //
 // Pages (server-rendered with html/template; a few lines of plain
-// JavaScript refresh a running run's page when it gets new events):
+// JavaScript refresh an unfinished run's page when it gets new events, or
+// when a driver stops or takes it):
 //
-//	/                 the runs, newest first: status, stop reason, steps,
-//	                  tokens, started, last event; filterable (?status=,
-//	                  ?stop_reason=, ?since=, ?limit=)
-//	/run?id=ID        a run: its verdict, the side effect in doubt and what
-//	                  Resume would do, and the step timeline (parse result,
-//	                  action, tool, status, prompt size, tokens, wall time
-//	                  as a bar, the observation expandable)
+//	/                 the runs, newest first: status, agent, holder, stop
+//	                  reason, steps, tokens, started, last event;
+//	                  filterable (?status=, ?stop_reason=, ?since=, ?limit=)
+//	/run?id=ID        a run: who drives it (its holder and lease, or that
+//	                  nobody does), its verdict — for a run nobody holds,
+//	                  the side effect in doubt and what Resume would do —
+//	                  and the step timeline (parse result, action, tool,
+//	                  status, prompt size, tokens, wall time as a bar, the
+//	                  observation expandable)
 //
 // JSON, with the names polyloop-inspect prints with --json:
 //
@@ -24,7 +27,11 @@
 //	/api/follow?run=ID        new events as server-sent events, from the
 //	                          &after= event count on; ends after run_finished,
 //	                          or with an error event when the run is damaged,
-//	                          deleted or replaced (report.Follower)
+//	                          deleted or replaced (report.Follower); a
+//	                          liveness event each time nobody drives the run
+//	                          any more, or a driver takes it, as against
+//	                          &live= (running, awaiting or interrupted: what
+//	                          the client shows; running if absent)
 //
 // Run ids go in the query, not the path: an id may hold any character a
 // run id may (seams.ValidRunID). A request naming an id no store keeps is
@@ -53,7 +60,6 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
-	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -237,8 +243,35 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v, err := recovery.ClassifyLoaded(id, stream, loadErr)
-	writeJSON(w, report.Verdict(id, stream, v, err))
+	info, ok := h.describe(w, r, id)
+	if !ok {
+		return
+	}
+	writeJSON(w, report.Verdict(report.Classify(info, stream, loadErr), stream))
+}
+
+// describe is the run's entry as the store lists it, with its holder
+// (report.Describe), answering a store failure itself. A run whose entry
+// the store lacks or finds damaged (its stream was loaded, and says what
+// is wrong) is described by its id alone.
+func (h *handler) describe(w http.ResponseWriter, r *http.Request, id string) (seams.RunInfo, bool) {
+	info, err := report.Describe(r.Context(), h.store, id)
+	switch {
+	case errors.Is(err, seams.ErrNoRun) || errors.Is(err, events.ErrCorruption):
+		return seams.RunInfo{RunID: id}, true
+	case err != nil:
+		http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)
+		return info, false
+	}
+	return info, true
+}
+
+// livenessJSON is a follow stream's liveness event: who drives the run.
+type livenessJSON struct {
+	RunID    string          `json:"run_id"`
+	Status   seams.RunStatus `json:"status"` // running, awaiting or interrupted
+	Liveness string          `json:"liveness"`
+	report.LivenessJSON
 }
 
 // follow streams the run's events from ?after= (a count of events already
@@ -260,8 +293,17 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 		after = n
 	}
 	f := report.NewFollower(h.store, id)
+	if l := r.URL.Query().Get("live"); l != "" {
+		switch live := seams.RunStatus(l); live {
+		case seams.StatusRunning, seams.StatusAwaiting, seams.StatusInterrupted:
+			f.Shown(live)
+		default:
+			http.Error(w, fmt.Sprintf("live %q: want running, awaiting or interrupted", report.Clip(l, 40)), http.StatusBadRequest)
+			return
+		}
+	}
 	first, err := f.Next(r.Context())
-	if err == nil && len(first) == 0 {
+	if errors.Is(err, seams.ErrNoRun) {
 		http.Error(w, fmt.Sprintf("no run %q", report.Clip(id, 80)), http.StatusNotFound)
 		return
 	}
@@ -290,10 +332,18 @@ func (h *handler) follow(w http.ResponseWriter, r *http.Request) {
 		flusher.Flush()
 		return nil
 	}
+	// live says who drives the run, when that changes.
+	live := func(info seams.RunInfo) error {
+		b, _ := json.Marshal(livenessJSON{RunID: id, Status: info.Status, Liveness: report.Liveness(info.Status, info, time.Now()),
+			LivenessJSON: report.LivenessOf(info)})
+		fmt.Fprintf(w, "event: liveness\ndata: %s\n\n", b)
+		flusher.Flush()
+		return nil
+	}
 	if err == nil {
 		send(first)
 		if !f.Finished() {
-			err = f.Follow(r.Context(), h.o.Poll, send)
+			err = f.Follow(r.Context(), h.o.Poll, send, live)
 		}
 	}
 	if err != nil && r.Context().Err() == nil {
@@ -345,6 +395,8 @@ type runPage struct {
 	Verdict   report.VerdictJSON
 	Steps     []stepRow
 	Finished  bool
+	Live      seams.RunStatus // an unfinished run's liveness: running, awaiting or interrupted
+	Holder    string          // report.Holder
 }
 
 func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
@@ -352,12 +404,15 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	info, ok := h.describe(w, r, id)
+	if !ok {
+		return
+	}
 	log := projections.Fold(stream)
-	v, err := recovery.ClassifyLoaded(id, stream, loadErr)
-	// The page shows the run's status and usage, no index fields.
-	page := runPage{RunID: id, Run: report.Classified(seams.RunInfo{RunID: id}, v, err, log.Usage()), Verdict: report.Verdict(id, stream, v, err),
-		Finished:  log.Finished != nil,
-		FollowURL: "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}}.Encode()}
+	run := report.Classify(info, stream, loadErr)
+	page := runPage{RunID: id, Run: run, Verdict: report.Verdict(run, stream), Finished: log.Finished != nil,
+		Live: report.Live(run.Info, run.Now), Holder: run.Holder()}
+	page.FollowURL = "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}, "live": {string(page.Live)}}.Encode()
 	causes := map[int]string{}
 	for _, e := range page.Verdict.EnvErrors { // worked out once, by report.Verdict
 		causes[e.Step] = e.Cause

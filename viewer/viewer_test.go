@@ -2,6 +2,7 @@ package viewer_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -287,7 +288,9 @@ func frames(t *testing.T, stream []events.Envelope, after int) string {
 
 // TestFollowWaitsAtTheEndOfARunInProgress: a run not finished is followed
 // past its last event: the stream stays open, polling, until the client
-// leaves — it neither ends nor fails once it has sent every event.
+// leaves — it neither ends nor fails once it has sent every event. Nobody
+// holds the run (its driver crashed): the stream says so once, in a
+// liveness event, and nothing more while nothing changes.
 func TestFollowWaitsAtTheEndOfARunInProgress(t *testing.T) {
 	store, _ := fixture(t)
 	stream, err := store.Load(context.Background(), "doubt")
@@ -300,11 +303,27 @@ func TestFollowWaitsAtTheEndOfARunInProgress(t *testing.T) {
 	defer cancel()
 	resp := followAll(t, ctx, srv.URL, stream)
 	defer resp.Body.Close()
-	time.AfterFunc(50*time.Millisecond, cancel) // dozens of polls finding nothing new
+	time.AfterFunc(1200*time.Millisecond, cancel) // hundreds of polls finding nothing new, and a liveness check
 	rest, err := io.ReadAll(resp.Body)
-	if !errors.Is(err, context.Canceled) || len(rest) != 0 {
-		t.Fatalf("after the last event the stream sent %q and ended with %v, want nothing until the client left", rest, err)
+	if !errors.Is(err, context.Canceled) || strings.Count(string(rest), "\n\n") != 1 || liveness(t, string(rest)) != seams.StatusInterrupted {
+		t.Fatalf("after the last event the stream sent %q and ended with %v, want one liveness event (interrupted), then nothing until the client left", rest, err)
 	}
+}
+
+// liveness is the status a follow stream's liveness event (the first of
+// frames) gives, failing t when there is none.
+func liveness(t *testing.T, frames string) seams.RunStatus {
+	t.Helper()
+	data, ok := strings.CutPrefix(strings.SplitN(frames, "\n\n", 2)[0], "event: liveness\ndata: ")
+	var ev struct {
+		RunID    string          `json:"run_id"`
+		Status   seams.RunStatus `json:"status"`
+		Liveness string          `json:"liveness"`
+	}
+	if !ok || json.Unmarshal([]byte(data), &ev) != nil || ev.Liveness == "" || ev.RunID == "" {
+		t.Fatalf("no liveness event: %q", frames)
+	}
+	return ev.Status
 }
 
 // failingLoads serves Load from its store until fail is set, then fails;
@@ -324,8 +343,9 @@ func (f *failingLoads) Load(ctx context.Context, id string) ([]events.Envelope, 
 }
 
 // TestFollowReportsAStoreThatFailsAndEnds: when a Load fails while a run is
-// followed, the stream sends an error event after the events it sent, and
-// ends; it does not go on polling a store it cannot read.
+// followed, the stream sends an error event after the events it sent (and
+// the liveness event that says nobody drives the run), and ends; it does
+// not go on polling a store it cannot read.
 func TestFollowReportsAStoreThatFailsAndEnds(t *testing.T) {
 	store, _ := fixture(t)
 	stream, err := store.Load(context.Background(), "doubt")
@@ -341,8 +361,12 @@ func TestFollowReportsAStoreThatFailsAndEnds(t *testing.T) {
 	defer resp.Body.Close()
 	failing.fail.Store(true)
 	rest, err := io.ReadAll(resp.Body)
-	if err != nil || !strings.HasPrefix(string(rest), "event: error\ndata: ") || !strings.HasSuffix(string(rest), "\n\n") || strings.Count(string(rest), "\n\n") != 1 {
-		t.Fatalf("after the store failed the stream sent %q and ended with %v, want one error event and the end", rest, err)
+	if err != nil || liveness(t, string(rest)) != seams.StatusInterrupted {
+		t.Fatalf("after the store failed the stream sent %q and ended with %v", rest, err)
+	}
+	_, rest, _ = bytes.Cut(rest, []byte("\n\n"))
+	if !strings.HasPrefix(string(rest), "event: error\ndata: ") || !strings.HasSuffix(string(rest), "\n\n") || strings.Count(string(rest), "\n\n") != 1 {
+		t.Fatalf("after the liveness event the stream sent %q, want one error event and the end", rest)
 	}
 }
 

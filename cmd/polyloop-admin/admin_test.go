@@ -130,7 +130,7 @@ func TestAdminOnPostgres(t *testing.T) {
 // stdout and exits 0, as polyloop-inspect does; a flag a command does not
 // know is bad usage.
 func TestHelpIsNotBadUsage(t *testing.T) {
-	for _, args := range [][]string{{"gc", "--help"}, {"delete", "-h"}} {
+	for _, args := range [][]string{{"gc", "--help"}, {"delete", "-h"}, {"cancel", "--help"}, {"resume", "-h"}} {
 		var out, errOut strings.Builder
 		if code := run(args, &out, &errOut); code != exitOK || !strings.Contains(out.String(), "Usage:") || errOut.Len() != 0 {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out.String(), errOut.String())
@@ -138,6 +138,11 @@ func TestHelpIsNotBadUsage(t *testing.T) {
 	}
 	if code, out := admin("gc", "--finished-after", "1h", "x.db"); code != exitUsage || !strings.Contains(out, "finished-after") {
 		t.Errorf("an unknown flag: %d\n%s", code, out)
+	}
+	for _, args := range [][]string{{"cancel", "x.db"}, {"resume", "x.db"}, {"resume", "--by", "ops", "x.db", "r"}, {"cancel", "--force", "x.db", "r"}} {
+		if code, out := admin(args...); code != exitUsage {
+			t.Errorf("%v: %d\n%s", args, code, out)
+		}
 	}
 }
 
@@ -173,9 +178,10 @@ func TestAdminLeavesDamagedPostgresRunsAlone(t *testing.T) {
 	}
 }
 
-// TestNoCommandShowsAPassword: delete, gc and compact, given a PostgreSQL
-// store in each form a connection string takes (a URL, a URL with its
-// scheme in capitals, a keyword/value string) with a password — of a
+// TestNoCommandShowsAPassword: delete, gc, compact, cancel and resume,
+// given a PostgreSQL store in each form a connection string takes (a URL,
+// a URL with its scheme in capitals, a keyword/value string) with a
+// password — of a
 // server that answers, or of one that cannot be reached — never print the
 // password, and never take the string for a file.
 func TestNoCommandShowsAPassword(t *testing.T) {
@@ -191,6 +197,7 @@ func TestNoCommandShowsAPassword(t *testing.T) {
 		for _, args := range [][]string{
 			{"delete", target, "missing"}, {"delete", "--force", target, "missing"},
 			{"gc", "--finished-before", "1h", target}, {"compact", target},
+			{"cancel", target, "missing"}, {"cancel", "--by", "ops", target, "missing"}, {"resume", target, "missing"},
 		} {
 			code, all := admin(args...)
 			for _, p := range []string{password, secret} {

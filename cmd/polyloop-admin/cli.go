@@ -21,19 +21,32 @@ const (
 	exitUsage   = 2
 )
 
-const usage = `polyloop-admin changes PolyLoop stores: deletes runs, compacts files.
-(polyloop-inspect only reads.)
+const usage = `polyloop-admin changes PolyLoop stores: cancels and resumes runs, deletes
+runs, compacts files. (polyloop-inspect only reads.)
 
 Usage:
+  polyloop-admin cancel [--by NAME] STORE RUN...    cancel runs, whoever drives them
+  polyloop-admin resume STORE RUN...                hand interrupted runs back to the workers now
   polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
   polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
 
 STORE is a bbolt file or a PostgreSQL connection string (a postgres:// URL
-or a key=value string; a password in it is never printed). A run being
-driven is never deleted; gc leaves damaged runs alone and names them. Exit
-status: 0 done, 1 a problem (a run refused or damaged, the store missing or
-unreadable), 2 bad usage.
+or a key=value string; a password in it is never printed).
+
+cancel records a request to cancel each run, by NAME (user@host unless
+--by says): the driver that holds a run ends it cancelled before its next
+model call or side effect; a run nobody holds is ended here at once (a
+side effect its log leaves in doubt stays so, and is named). resume hands
+a run started for an agent, that nobody drives, back to the workers at
+once: its retry time, failure count and last error are cleared. A bbolt
+file is changed only while no other process has it open.
+
+A run being driven is never deleted; gc leaves damaged runs alone and
+names them. Exit status: 0 done, 1 a problem (a run refused — finished,
+unknown, held, not an agent's — or damaged, the store missing or
+unreadable, a store that keeps no cancel requests or no queue), 2 bad
+usage.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -45,6 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	force := fs.Bool("force", false, "delete unfinished runs too")
 	before := fs.Duration("finished-before", 0, "age of the runs gc deletes")
+	by := fs.String("by", "", "who cancels (default user@host)")
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "polyloop-admin %s: "+format+"\n\n%s", append([]any{args[0]}, append(a, usage)...)...)
 		return exitUsage
@@ -53,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	case "delete", "gc", "compact":
+	case "cancel", "resume", "delete", "gc", "compact":
 	default:
 		return bad("unknown command")
 	}
@@ -65,8 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return bad("%v", err)
 	}
-	// One flag set serves the three commands; each takes its own flag only.
-	own := map[string]string{"delete": "force", "gc": "finished-before"}[args[0]]
+	// One flag set serves the commands; each takes its own flag only.
+	own := map[string]string{"delete": "force", "gc": "finished-before", "cancel": "by"}[args[0]]
 	var stray string
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name != own {
@@ -75,6 +89,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	})
 	if stray != "" {
 		return bad("--%s is not a flag of %s", stray, args[0])
+	}
+	if (args[0] == "cancel" || args[0] == "resume") && len(pos) < 2 {
+		return bad("want STORE and at least one RUN")
 	}
 	if len(pos) > 0 && !stores.IsPostgres(pos[0]) {
 		// Opening creates a missing file: a mistyped path would be
@@ -86,6 +103,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx := context.Background()
 	switch args[0] {
+	case "cancel", "resume":
+		if args[0] == "cancel" && *by == "" {
+			*by = operator()
+		}
+		s, code := open(ctx, pos[0], stderr)
+		if s == nil {
+			return code
+		}
+		defer s.Close()
+		if args[0] == "cancel" {
+			return cancelRuns(ctx, s, stores.Describe(pos[0]), *by, pos[1:], stdout, stderr)
+		}
+		return resumeRuns(ctx, s, stores.Describe(pos[0]), pos[1:], stdout, stderr)
 	case "delete":
 		if len(pos) < 2 {
 			return bad("want STORE and at least one RUN")
@@ -142,16 +172,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// open opens target read-write, reporting a failure itself (then the
+// store is nil and the exit status says the problem).
+func open(ctx context.Context, target string, stderr io.Writer) (stores.Store, int) {
+	s, err := stores.Open(ctx, target, stores.Options{LockTimeout: 2 * time.Second})
+	switch {
+	case errors.Is(err, kv.ErrLocked):
+		fmt.Fprintf(stderr, "polyloop-admin: %v; a bbolt file is changed by the process that writes it (engine.Cancel, worker.Pool.Resume, retention.Expire, kv.Store.DeleteRun) or while none does\n", err)
+		return nil, exitProblem
+	case err != nil:
+		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
+		return nil, exitProblem
+	}
+	return s, exitOK
+}
+
 // withStore opens target read-write and runs f on it.
 func withStore(ctx context.Context, target string, stderr io.Writer, f func(retention.Store) int) int {
-	s, err := stores.Open(ctx, target, stores.Options{LockTimeout: 2 * time.Second})
-	if err != nil {
-		if errors.Is(err, kv.ErrLocked) {
-			fmt.Fprintf(stderr, "polyloop-admin: %v; a bbolt file is changed by the process that writes it (retention.Expire, kv.Store.DeleteRun) or while none does\n", err)
-		} else {
-			fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-		}
-		return exitProblem
+	s, code := open(ctx, target, stderr)
+	if s == nil {
+		return code
 	}
 	defer s.Close()
 	rs, ok := s.(retention.Store)

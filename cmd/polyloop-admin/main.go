@@ -1,14 +1,19 @@
-// Command polyloop-admin changes a PolyLoop store: it deletes runs and
-// compacts files. (polyloop-inspect only reads; the writing verbs live
-// here, in a command named for them.)
+// Command polyloop-admin changes a PolyLoop store: it cancels and resumes
+// runs, deletes runs and compacts files. (polyloop-inspect only reads;
+// the writing verbs live here, in a command named for them.)
 //
-//	polyloop-admin delete [--force] STORE RUN...         delete finished runs (--force: unfinished too)
-//	polyloop-admin gc --finished-before 720h STORE       delete finished runs whose last event is older
-//	polyloop-admin compact STORE                         rewrite a bbolt file without its free pages, in the current format
+//	polyloop-admin cancel [--by NAME] STORE RUN...        cancel runs, whoever drives them (engine.Cancel)
+//	polyloop-admin resume STORE RUN...                    hand interrupted agent runs back to the workers (seams.RunQueue.RequeueRun)
+//	polyloop-admin delete [--force] STORE RUN...          delete finished runs (--force: unfinished too)
+//	polyloop-admin gc --finished-before 720h STORE        delete finished runs whose last event is older
+//	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
-// URL or a key=value string). Exit status: 0 done, 1 a
-// problem (a run refused, the store unreadable), 2 bad usage.
+// URL or a key=value string). cancel and resume need a store that keeps
+// cancel requests (seams.RunCanceller) and a queue of runs for workers
+// (seams.RunQueue); --by names who cancels, user@host by default. Exit
+// status: 0 done, 1 a problem (a run refused, the store unreadable or
+// without what the command needs), 2 bad usage.
 package main
 
 import (

@@ -85,14 +85,23 @@ var commands = []command{
 	{name: "runs", min: 1, max: 1, flags: runsFlags, run: runsCommand, help: `Usage: polyloop-inspect runs [--json] [--status S] [--stop-reason R] [--since T] [--limit N] STORE
 
 Lists the store's runs, newest first (by the time of their first event): run
-id, status, steps, stop reason, tokens, first and last event time. Status is one of
-  finished  the run ended (see stop reason)
-  running   no end recorded, nothing in doubt: in progress, or resumable
-  in_doubt  a crash (or a live run) left a side effect's outcome unknown (see verify)
-  corrupt   the log breaks a structural rule (see verify)
+id, status, steps, tokens, the agent a worker pool runs it for, when it
+started, and a finished run's stop reason or who holds an unfinished one:
+"W until T" (the driver W, its lease until T), "lease of W ran out at T" (W
+died or stopped), "-" (never held, or given back). Times are UTC, without
+the date on the day of the listing. Status is one of
+  finished     the run ended (see stop reason)
+  running      a live driver holds it (whatever its log's tail shows)
+  awaiting     nobody holds it; it waits for a worker of its agent
+  interrupted  nobody holds it: its driver stopped, or died and its lease ran out
+  in_doubt     nobody holds it and its log leaves a side effect's outcome unknown
+               (see verify)
+  corrupt      the log breaks a structural rule (see verify)
 With --json, one JSON object per run: run_id, status, steps, events,
-stop_reason, started, last_event, final_answer (null when absent), usage
-(the run's token counts).
+stop_reason, started, last_event, final_answer, usage (the run's token
+counts), agent, owner (the driver that holds or last held it), lease_expires,
+failures, last_error, retry_at (a worker pool's retries), cancel_requested
+({by, at}); null where absent.
 
 Filters:
   --status S        only runs with status S (repeatable: any of them)
@@ -107,7 +116,9 @@ Exits 1 when a listed run is corrupt.
 Prints every event of RUN: ULID, time, kind and a one-line summary. With
 --json, one JSON object per line: id, time, kind, schema_version, payload.
 With --follow, keeps printing events as they become durable until the run
-finishes (or Ctrl-C); it waits for a run that has not started. A
+finishes (or Ctrl-C). A run not in the store is an error. While nobody
+drives the run (awaiting a worker, or interrupted) it says so once on
+standard error, and again when a driver takes it, and goes on following. A
 PostgreSQL store is followed while agents write; a bbolt file only while
 no other process holds it (mount the viewer in the agent's process).
 `},
@@ -121,14 +132,17 @@ runs in one table, see export.
 	{name: "verify", min: 1, max: 2, run: verifyCommand, help: `Usage: polyloop-inspect verify [--json] STORE [RUN]
 
 Recovery's verdict for RUN, or for every run: finished (with the final
-answer); resumable, at which breakpoint and what Resume would do; or corrupt,
-with every reason. For a run in doubt it lists each side effect whose outcome
-is unknown (step, kind, tool, result id, replay policy) and what Resume would
-do with it; env_error causes are shown. Prints OK or the number of corrupt
-runs last; exits 1 when any run is corrupt or RUN is not in the store. With
---json, one JSON object per run: run_id, verdict (finished, resumable,
-corrupt), state, step, plan, plan_text, in_doubt, problems, stop_reason,
-final_answer, env_errors.
+answer); running (a live driver holds it: in which step, and who); resumable
+(nobody holds it: its status, at which breakpoint, what Resume would do, and
+who held it last); or corrupt, with every reason. For a run in doubt that
+nobody holds it lists each side effect whose outcome is unknown (step, kind,
+tool, result id, replay policy) and what Resume would do with it; env_error
+causes are shown. Prints OK or the number of corrupt runs last; exits 1 when
+any run is corrupt or RUN is not in the store. With --json, one JSON object
+per run: run_id, verdict (finished, running, resumable, corrupt), status,
+state, step, plan, plan_text, in_doubt (plan and in_doubt null for a run a
+driver holds), problems, stop_reason, final_answer, env_errors, liveness
+(who drives it, in words), and the fields runs --json gives from agent on.
 `},
 	{name: "serve", min: 1, max: 1, flags: serveFlags, run: serveCommand, help: `Usage: polyloop-inspect serve [--addr 127.0.0.1:8080] STORE
 

@@ -25,8 +25,12 @@ func exportCommand(c *call) int {
 	defer s.Close()
 	ids := []string(c.runs)
 	if len(ids) == 0 {
-		if ids, ok = c.oldestFirst(s); !ok {
+		infos, ok := c.oldestFirst(s)
+		if !ok {
 			return exitProblem
+		}
+		for _, info := range infos {
+			ids = append(ids, info.RunID)
 		}
 	}
 	code := exitOK

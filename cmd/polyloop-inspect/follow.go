@@ -2,16 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
 )
 
 // followPoll is how often events --follow looks for new events.
 var followPoll = 250 * time.Millisecond
 
-// follow prints runID's events as they become durable, from the first,
+// followRun prints runID's events as they become durable, from the first,
 // until the run finishes or ctx ends (report.Follower). It reads the store
 // directly, so it follows a PostgreSQL store while agents write (a bbolt
 // file can be followed only while no other process holds it; mount the
@@ -22,14 +25,33 @@ func (c *call) followRun(ctx context.Context, runID string, print func(env event
 		return exitProblem
 	}
 	defer s.Close()
+	return c.followIn(ctx, s, runID, print)
+}
+
+// followIn is followRun on an open store. A run the store does not hold is
+// an error. While nobody drives the run (awaiting, interrupted) it says so
+// on standard error, once, and again when a driver takes the run; it goes
+// on following either way, since a worker or an operator may continue it.
+func (c *call) followIn(ctx context.Context, s seams.RunReader, runID string, print func(env events.Envelope)) int {
 	err := report.NewFollower(s, runID).Follow(ctx, followPoll, func(batch []events.Envelope) error {
 		for _, env := range batch {
 			print(env)
 		}
 		return nil
+	}, func(info seams.RunInfo) error {
+		what := escape(report.Liveness(info.Status, info, time.Now()))
+		if info.Status.Held() {
+			fmt.Fprintf(c.stderr, "polyloop-inspect: run %q is running again: %s\n", clip(runID, 80), what)
+		} else {
+			fmt.Fprintf(c.stderr, "polyloop-inspect: run %q is %s: %s; still following\n", clip(runID, 80), info.Status, what)
+		}
+		return nil
 	})
-	if err != nil && ctx.Err() == nil {
-		return c.fail("%s", clip(err.Error(), 2000))
+	switch {
+	case err == nil || ctx.Err() != nil:
+		return exitOK
+	case errors.Is(err, seams.ErrNoRun):
+		return c.fail("no run %q in %s", clip(runID, 80), c.store())
 	}
-	return exitOK
+	return c.fail("%s", clip(err.Error(), 2000))
 }

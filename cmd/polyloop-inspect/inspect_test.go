@@ -110,11 +110,13 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 var (
 	ulidPattern  = regexp.MustCompile(`\b[0-9A-HJKMNP-TV-Z]{26}\b`)
 	timePattern  = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z`)
+	clockPattern = regexp.MustCompile(`\b\d\d:\d\d:\d\dZ`) // report.Clock's on the day
 	wallPattern  = regexp.MustCompile(`"step_wall_ms":\d+`)
 	spacePattern = regexp.MustCompile(` {2,}`)
 )
 
-// normalise hides what differs between runs: ULIDs, times, wall clock
+// normalise hides what differs between runs: ULIDs, times (a listing's
+// times of day too), wall clock
 // milliseconds, the temporary path, and column widths that follow them.
 func normalise(s, path string) string {
 	s = strings.ReplaceAll(s, stores.Describe(path), "FIXTURE") // as messages name it
@@ -122,6 +124,7 @@ func normalise(s, path string) string {
 	s = strings.ReplaceAll(s, filepath.Dir(path), "DIR")
 	s = ulidPattern.ReplaceAllString(s, "ULID")
 	s = timePattern.ReplaceAllString(s, "TIME")
+	s = clockPattern.ReplaceAllString(s, "CLOCK")
 	s = wallPattern.ReplaceAllString(s, `"step_wall_ms":N`)
 	s = spacePattern.ReplaceAllString(s, "  ")
 	// The WALL MS column of step tables.
@@ -203,6 +206,7 @@ func transcriptCases(path string) [][]string {
 		{"verify", path, "i-env-error"},
 		{"events", path, "h-escapes"},
 		{"events", path, "no-such-run"},
+		{"events", "--follow", path, "no-such-run"},
 		{"steps", "--json", path, "no-such-run"},
 		{"export", "--run", "a-finished", "--run", "h-escapes", path},
 		{"export", "--run", "a-finished", "--run", "z-corrupt", path},

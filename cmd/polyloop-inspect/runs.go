@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -47,19 +48,16 @@ func (f *runFilter) check() error {
 	return nil
 }
 
-// oldestFirst is the store's run ids in the order they started, from its
-// index (no stream is loaded); it reports a failure itself.
-func (c *call) oldestFirst(s seams.RunReader) ([]string, bool) {
+// oldestFirst is the store's listing in the order the runs started, from
+// its index (no stream is loaded); it reports a failure itself.
+func (c *call) oldestFirst(s seams.RunReader) ([]seams.RunInfo, bool) {
 	infos, err := report.Newest(context.Background(), s)
 	if err != nil {
 		c.fail("%s", escape(err.Error()))
 		return nil, false
 	}
-	ids := make([]string, 0, len(infos))
-	for i := len(infos) - 1; i >= 0; i-- {
-		ids = append(ids, infos[i].RunID)
-	}
-	return ids, true
+	slices.Reverse(infos)
+	return infos, true
 }
 
 // listRuns is the store's runs, newest first, classified; it reports a
@@ -79,6 +77,11 @@ func runsCommand(c *call) int {
 		return exitProblem
 	}
 	defer s.Close()
+	return c.runsOf(s)
+}
+
+// runsOf lists the runs of an open store.
+func (c *call) runsOf(s seams.RunReader) int {
 	all, ok := c.listRuns(s)
 	if !ok {
 		return exitProblem
@@ -89,7 +92,7 @@ func runsCommand(c *call) int {
 	enc.SetEscapeHTML(false)
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	if !c.json {
-		fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tSTOP REASON\tTOKENS\tSTARTED\tLAST EVENT")
+		fmt.Fprintln(tw, "RUN\tSTATUS\tSTEPS\tTOKENS\tAGENT\tSTARTED\tSTOP REASON / HOLDER")
 	}
 	for _, r := range shown {
 		if r.Status == seams.StatusCorrupt {
@@ -99,12 +102,16 @@ func runsCommand(c *call) int {
 			enc.Encode(r.JSON())
 			continue
 		}
-		reason := string(r.Info.StopReason)
-		if reason == "" {
-			reason = "-"
+		agent := "-"
+		if r.Info.Agent != "" {
+			agent = clip(r.Info.Agent, 16)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(r.Info.RunID, 60), r.Status, r.Info.Steps, reason,
-			tokens(r.Usage), stamp(r.Info.FirstEvent), stamp(r.Info.LastEvent))
+		started := "-"
+		if !r.Info.FirstEvent.IsZero() {
+			started = report.Clock(r.Info.FirstEvent, r.Now)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(r.Info.RunID, 40), r.Status, r.Info.Steps,
+			tokens(r.Usage), agent, started, detail(r))
 	}
 	tw.Flush()
 	if corrupt > 0 {
@@ -112,6 +119,25 @@ func runsCommand(c *call) int {
 		return exitProblem
 	}
 	return exitOK
+}
+
+// A listing line keeps within 120 columns for everyday names: the time a
+// run started is given to the second, without the date on the day it is
+// listed (report.Clock; --json has every time in full), and its last
+// column is detail.
+
+// detail is a listing line's last column: a finished run's stop reason,
+// who holds an unfinished one (report.Holder: "W until T", "lease of W
+// ran out at T"), "-" for a run nobody holds or held (the status says
+// which) and for a corrupt one. Of the two only one ever applies, so one
+// column keeps a line within 120 columns.
+func detail(r report.Run) string {
+	if r.Info.StopReason != "" && r.Status == seams.StatusFinished {
+		return string(r.Info.StopReason)
+	}
+	info := r.Info
+	info.Owner = clip(info.Owner, 24) // escaped, and short enough to leave the time in view
+	return report.Holder(r.Status, info, r.Now)
 }
 
 // tokens is a run's token total for a table: "-" when no call reported

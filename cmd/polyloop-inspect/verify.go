@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/polyloop/polyloop/events"
@@ -17,30 +18,45 @@ func verifyCommand(c *call) int {
 		return exitProblem
 	}
 	defer s.Close()
-	var ids []string
+	return c.verifyIn(s)
+}
+
+// verifyIn verifies the runs (or the run) of an open store.
+func (c *call) verifyIn(s seams.RunReader) int {
+	ctx := context.Background()
+	ok := true
+	var infos []seams.RunInfo
 	if len(c.args) == 2 {
-		ids = []string{c.args[1]}
+		info, err := report.Describe(ctx, s, c.args[1])
+		switch {
+		case errors.Is(err, seams.ErrNoRun) || errors.Is(err, events.ErrCorruption):
+			// Its stream says whether it is there, and what is damaged.
+			info = seams.RunInfo{RunID: c.args[1]}
+		case err != nil:
+			return c.fail("%s", clip(err.Error(), 2000))
+		}
+		infos = []seams.RunInfo{info}
 	} else {
-		if ids, ok = c.oldestFirst(s); !ok { // as they happened
+		if infos, ok = c.oldestFirst(s); !ok { // as they happened
 			return exitProblem
 		}
 	}
 	enc := json.NewEncoder(c.stdout)
 	enc.SetEscapeHTML(false)
 	corrupt := 0
-	for _, id := range ids {
-		stream, err := s.Load(context.Background(), id)
+	for _, info := range infos {
+		stream, err := s.Load(ctx, info.RunID)
 		if err == nil && len(stream) == 0 {
-			return c.fail("no run %q in %s", clip(id, 80), c.store())
+			return c.fail("no run %q in %s", clip(info.RunID, 80), c.store())
 		}
-		v, err := recovery.ClassifyLoaded(id, stream, err)
-		if err != nil {
+		r := report.Classify(info, stream, err)
+		if r.Err != nil {
 			corrupt++
 		}
 		if c.json {
-			enc.Encode(report.Verdict(id, stream, v, err))
+			enc.Encode(report.Verdict(r, stream))
 		} else {
-			printVerdict(c, id, stream, v, err)
+			printVerdict(c, r, stream)
 		}
 	}
 	if c.json {
@@ -50,41 +66,50 @@ func verifyCommand(c *call) int {
 		return exitOK
 	}
 	if corrupt > 0 {
-		fmt.Fprintf(c.stdout, "%d corrupt of %s\n", corrupt, report.Plural(len(ids), "run"))
+		fmt.Fprintf(c.stdout, "%d corrupt of %s\n", corrupt, report.Plural(len(infos), "run"))
 		return exitProblem
 	}
 	fmt.Fprintln(c.stdout, "OK")
 	return exitOK
 }
 
-func printVerdict(c *call, id string, stream []events.Envelope, v recovery.Verdict, err error) {
-	w := c.stdout
+// printVerdict prints r's verdict: finished with its answer; corrupt with
+// every reason; for an unfinished run its status, where its log stops and
+// who drives it — and, for a run nobody holds, what Resume would do and the
+// side effect in doubt (a run a driver holds is in a call, not in doubt).
+func printVerdict(c *call, r report.Run, stream []events.Envelope) {
+	w, id, v := c.stdout, clip(r.Info.RunID, 80), r.Verdict
 	defer func() {
 		for _, e := range report.EnvErrors(stream) {
 			fmt.Fprintf(w, "  env_error in step %d: %s\n", e.Step, clip(e.Cause, 200))
 		}
 	}()
-	if err != nil {
-		reasons := report.Problems(err)
-		fmt.Fprintf(w, "%s: corrupt (%s)\n", clip(id, 80), report.Plural(len(reasons), "problem"))
-		for _, r := range reasons {
-			fmt.Fprintf(w, "  - %s\n", escape(r))
+	if r.Err != nil {
+		reasons := report.Problems(r.Err)
+		fmt.Fprintf(w, "%s: corrupt (%s)\n", id, report.Plural(len(reasons), "problem"))
+		for _, reason := range reasons {
+			fmt.Fprintf(w, "  - %s\n", escape(reason))
 		}
 		return
 	}
-	switch v.State {
-	case recovery.Finished:
-		fmt.Fprintf(w, "%s: finished (%s, %s)\n", clip(id, 80), v.Result.StopReason, report.Plural(len(v.Result.Steps), "step"))
+	switch {
+	case v.State == recovery.Finished:
+		fmt.Fprintf(w, "%s: finished (%s, %s)\n", id, v.Result.StopReason, report.Plural(len(v.Result.Steps), "step"))
 		if a := v.Result.FinalAnswer; a != nil {
 			fmt.Fprintf(w, "  answer: %s\n", clip(*a, 200))
 		}
 		return
-	case recovery.BetweenSteps:
-		fmt.Fprintf(w, "%s: resumable before step %d: %s\n", clip(id, 80), v.Step, v.Plan.Describe())
-		return
+	case r.Status.Held() && v.State == recovery.BetweenSteps:
+		fmt.Fprintf(w, "%s: running, before step %d\n", id, v.Step)
+	case r.Status.Held():
+		fmt.Fprintf(w, "%s: running, in step %d\n", id, v.Step)
+	case v.State == recovery.BetweenSteps:
+		fmt.Fprintf(w, "%s: %s, resumable before step %d: %s\n", id, r.Status, v.Step, v.Plan.Describe())
+	default:
+		fmt.Fprintf(w, "%s: %s, resumable in step %d at %s: %s\n", id, r.Status, v.Step, v.State, v.Plan.Describe())
 	}
-	fmt.Fprintf(w, "%s: resumable in step %d at %s: %s\n", clip(id, 80), v.Step, v.State, v.Plan.Describe())
-	if in := v.InDoubt; in != nil {
+	fmt.Fprintf(w, "  %s\n", escape(r.Liveness()))
+	if in := v.InDoubt; in != nil && !r.Status.Held() {
 		tool := "-"
 		if in.ToolName != "" {
 			tool = escape(in.ToolName)
