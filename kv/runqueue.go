@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -142,6 +143,84 @@ func newOwner() string {
 // drawn at Open, so each Open of a file has its own. An entry naming
 // another Owner was left by an Open that has ended.
 func (s *Store) Owner() string { return s.owner }
+
+// errNothing ends a queue transaction that has nothing to write: it is
+// rolled back, costing no commit.
+var errNothing = errors.New("kv: nothing to write")
+
+// updateQueue runs fn in a write transaction with the queue and index
+// buckets. wrote reports a commit; fn returning errNothing rolls back
+// without an error. undo, filled by fn, is run when the transaction does
+// not commit.
+func (s *Store) updateQueue(fn func(tx *bolt.Tx, queue, index *bolt.Bucket, undo *[]func()) error) (wrote bool, err error) {
+	var undo []func()
+	err = withFaultsAsPanics(func() error {
+		return s.db.Update(func(tx *bolt.Tx) error {
+			index, queue := tx.Bucket(indexBucket), tx.Bucket(queueBucket)
+			if index == nil || queue == nil {
+				return fmt.Errorf("%w: %s: the index or the queue bucket is missing", ErrCorrupt, s.path)
+			}
+			return fn(tx, queue, index, &undo)
+		})
+	})
+	if err != nil {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		if errors.Is(err, errNothing) {
+			return false, nil
+		}
+		return false, err
+	}
+	s.txCount.Add(1)
+	return true, nil
+}
+
+// writable is why the queue cannot be written now, or nil.
+func (s *Store) writable(ctx context.Context) error {
+	if s.readOnly {
+		return ErrReadOnly
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.checkOpen()
+}
+
+// unfinished refuses a run the store does not hold (seams.ErrNoRun), a
+// finished one (seams.ErrRunFinished), and one whose index entry is
+// damaged or lost (ErrCorrupt).
+func (s *Store) unfinished(tx *bolt.Tx, index *bolt.Bucket, runID string) error {
+	info, indexed, err := readInfo(index, s.layout.entryKey(tx, runID), runID)
+	switch {
+	case !indexed && !s.layout.exists(tx, runID):
+		return seams.ErrNoRun
+	case err != nil:
+		return err
+	case !indexed:
+		return fmt.Errorf("%w: run %q has a stream but no index entry", ErrCorrupt, runID)
+	case info.Status == StatusFinished:
+		return seams.ErrRunFinished
+	}
+	return nil
+}
+
+// startedAgent is the agent the run's RunStarted names.
+func (s *Store) startedAgent(tx *bolt.Tx, runID string) (string, error) {
+	key, sealed, ok := s.layout.first(tx, runID)
+	if !ok {
+		return "", fmt.Errorf("%w: run %q: its first event cannot be read", ErrCorrupt, runID)
+	}
+	env, err := events.Unmarshal(runID, key, sealed)
+	if err != nil {
+		return "", fmt.Errorf("%w: run %q: its first event: %v", ErrCorrupt, runID, err)
+	}
+	started, ok := events.As[events.RunStarted](env.Event)
+	if !ok {
+		return "", fmt.Errorf("%w: run %q: its first event is %s, not %s", ErrCorrupt, runID, env.Kind, events.KindRunStarted)
+	}
+	return started.Agent, nil
+}
 
 // Describe implements seams.RunDescriber: the run's index entry (a
 // damaged or lost one as StatusCorrupt, as Runs lists it) with its queue
