@@ -439,6 +439,9 @@ func TestADamagedQueueEntryIsNotClaimedUntilRequeued(t *testing.T) {
 			if info := describeRun(t, s, "r"); info.Status != seams.StatusAwaiting || info.Agent != "alpha" || info.LastError != "" {
 				t.Errorf("requeued: %+v, want awaiting for alpha", info)
 			}
+			if r, err := s.CancelRequested(ctx, "r"); r != nil || err != nil {
+				t.Errorf("CancelRequested of the entry written anew: %+v %v, want none", r, err)
+			}
 			if got := claimIDs(t, s, 5, "alpha"); !slices.Equal(got, []string{"r"}) {
 				t.Errorf("claimed %q after the requeue, want r", got)
 			}
