@@ -52,6 +52,15 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 				i, r.evs[i].Kind(), r.runID, len(v)-logHeader, bolt.MaxValueSize-logHeader)
 		}
 	}
+	// A run started for an agent joins the queue, and a finished run
+	// leaves it, in the transaction of the append (runqueue.go).
+	finishing := r.evs[len(r.evs)-1].Kind() == events.KindRunFinished
+	var queue *bolt.Bucket
+	if !started || finishing {
+		if queue = tx.Bucket(queueBucket); queue == nil {
+			return fmt.Errorf("%w: %s: the queue bucket is missing", ErrCorrupt, s.path)
+		}
+	}
 	// Past this point nothing is refused: a failure is bbolt's, and fails
 	// the whole transaction (writeError), since part of r may be written.
 	if !started {
@@ -77,6 +86,11 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.Apply(envs[i])
 	}
+	if queue != nil {
+		if err := s.enqueue(queue, r, started, finishing); err != nil {
+			return &writeError{fmt.Errorf("kv: queue entry of run %q: %w", r.runID, err)}
+		}
+	}
 	if ekey == nil {
 		ekey = s.layout.entryKey(tx, r.runID) // the run's first event put it on record
 	}
@@ -87,6 +101,26 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	s.written.put(info, raw)
 	r.envs = envs
 	return nil
+}
+
+// enqueue keeps the queue beside an append that starts or finishes r's
+// run: a run started for an agent gets a new entry, any other start
+// removes an entry a run of that id left (a file an older version wrote),
+// and a finished run's entry goes. The mirror of cancel requests follows,
+// undone with the transaction (r.undo).
+func (s *Store) enqueue(queue *bolt.Bucket, r *appendRequest, started, finishing bool) error {
+	key := []byte(r.runID)
+	if !started && !finishing {
+		if st, ok := events.As[events.RunStarted](r.evs[0]); ok && st.Agent != "" {
+			r.undo = append(r.undo, s.cancels.put(r.runID, nil))
+			return putQueued(queue, r.runID, queueEntry{Agent: st.Agent})
+		}
+	}
+	if queue.Get(key) == nil {
+		return nil
+	}
+	r.undo = append(r.undo, s.cancels.put(r.runID, nil))
+	return queue.Delete(key)
 }
 
 // replies remembers, for each run this process appended to, the content of

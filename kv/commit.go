@@ -63,6 +63,7 @@ type appendRequest struct {
 	lead  bool
 	taken bool        // in a group being committed: it can no longer be withdrawn
 	reply latestReply // the run's latest reply once the events are appended
+	undo  []func()    // restores the mirror of cancel requests if the transaction does not commit
 }
 
 // Append implements seams.RunStore. If ctx ends before the append was
@@ -85,6 +86,12 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	if err := seams.ValidRunID(runID); err != nil {
 		return nil, fmt.Errorf("kv: append: %w", err)
+	}
+	if st, ok := events.As[events.RunStarted](evs[0]); ok && st.Agent != "" {
+		// The run's queue entry names the agent, and a claim names it too.
+		if err := seams.ValidAgent(st.Agent); err != nil {
+			return nil, fmt.Errorf("kv: append to %q: run_started: %w", runID, err)
+		}
 	}
 	req := &appendRequest{runID: runID, after: after, evs: evs, vals: make([][]byte, len(evs)), wake: make(chan struct{})}
 	// The run's latest reply as of the tail named, when this process knows
@@ -270,7 +277,15 @@ func (s *Store) commit(group []*appendRequest) {
 	// Waking a group of hundreds takes a while, and a leader preempted
 	// meanwhile (it may have run its whole time slice) would hold up every
 	// appender waiting for mu.
+	if err != nil {
+		for i := len(group) - 1; i >= 0; i-- {
+			for j := len(group[i].undo) - 1; j >= 0; j-- {
+				group[i].undo[j]()
+			}
+		}
+	}
 	for _, r := range group {
+		r.undo = nil
 		if err != nil {
 			// The transaction failed: nothing of the group was written.
 			// A request refused by the rules is told so too, since the

@@ -11,7 +11,8 @@
 // Open a file with Open; share the *Store between all runs of a process; Close
 // it when done. Append writes one call's events in one transaction and
 // returns once they are durable. Load returns a run's stream; a run never
-// written is an empty stream and no error. Runs lists the index.
+// written is an empty stream and no error. Runs lists the index, and
+// Describe one run's entry, with who holds each run (see The queue).
 //
 // # Group commit
 //
@@ -175,6 +176,8 @@
 //     What it costs: the first-key record is how a run is found; lost, the
 //     run's entry is listed as damaged under the run it names, and its
 //     events are not found without a full scan.
+//   - "queue": run id -> the run's queue entry (see The queue; format 1
+//     files keep it too).
 //
 // A run stays an ordered, ULID-keyed stream: Load (and Scan, which hands
 // events over one at a time) walks the chain back from the index entry's
@@ -201,6 +204,70 @@
 // them get buckets too, until Compact (polyloop-admin compact) moves them
 // to the log: both layouts sit behind one interface (layout.go) and the
 // damage tests run on both.
+//
+// # The queue
+//
+// The Store hands runs to a worker pool (seams.RunQueue) and keeps
+// operators' cancel requests (seams.RunCanceller). One process holds a
+// file for writing, so a hold lasts as long as the Store that took it:
+// each Open has an Owner of its own (host, process id, a random suffix),
+// and a queue entry naming another Owner was left by an Open that has
+// ended — the file lock keeps a live one out.
+//
+// "queue" holds, by run id, an entry for every run started for an agent
+// (RunStarted.Agent) and not finished, and for every run with a cancel
+// request not carried out: the agent ("" for a run no worker claims), the
+// Owner that claimed it, failures, last error, retry time and the cancel
+// request, sealed with a CRC-32C over the fields and the run id. The
+// append that starts an agent's run writes its entry, the append that
+// finishes a run removes it, each in its own transaction; DeleteRun
+// removes it with the run, and Compact copies it (a format 1 file's too).
+// The queue changes no format version: a read-write Open adds the bucket
+// to a file made before it, and read-only such a file has an empty queue.
+// An agent name seams.ValidAgent refuses is refused at Append.
+//
+// ClaimRuns reads the queue, never the index or the log of every run, and
+// writes this Store's Owner into the entries it takes, in one
+// transaction, in run id order: entries of the named agents past their
+// retry time, not claimed by this Store, not held by a driver of this
+// process, whose runs' index entries are sound and unfinished (an entry
+// whose run finished or is gone — a version that kept no queue wrote it —
+// is removed). A claim reserves each run (seams.RunLocks) while its
+// transaction runs, so a driver starting meanwhile finds it taken rather
+// than both taking it. LockRun reserves in this process only, so it
+// succeeds for the Store that claimed the run. ReleaseRun clears the
+// claim, with a failure also counting it, keeping it (cut to 4 KiB) and
+// setting the retry time, unless a driver of this process holds the run.
+// RequeueRun clears claim, failures, last error and retry time. A claim
+// this Store made and nobody drove (a worker that neither drove nor gave
+// back what it claimed) stays until ReleaseRun, RequeueRun, the run's end
+// or the Store's Close.
+//
+// Runs and Describe fill each run's agent, queue and holder and call
+// seams.RunInfo.Liveness: held by a driver of this process or claimed by
+// this Store, a run is running, with this Owner and no expiry; claimed by
+// an ended Open, it names that Owner with LeaseExpires the time this
+// Store was opened (that hold ended no later), so it reads interrupted;
+// unheld, an agent's run is awaiting and any other interrupted.
+//
+// CancelRequested never reads the file: the Store mirrors the file's
+// cancel requests, loaded at Open and changed inside the transaction of
+// every write of an entry, put back when that transaction does not
+// commit; as no other process writes the file meanwhile, the mirror is
+// the file. RequestCancel names this Owner as the holder while a driver
+// of this process holds the run, else nobody.
+//
+// A damaged queue entry (it fails its checksum or does not decode) is
+// damage in coordination, not in the run, and never stops anything for
+// good: its agent and holder are unknown, so no claim takes it, Runs and
+// Describe list the run interrupted with the damage in LastError,
+// CancelRequested answers an error matching events.ErrCorruption (the
+// engine then carries on as if no request was made) and ReleaseRun
+// refuses it with ErrCorrupt. RequeueRun and RequestCancel write the
+// entry anew, its agent read from the run's RunStarted (a cancel request
+// the damaged entry held is lost); the run's end and DeleteRun remove it
+// as any other. RequeueRun likewise writes the entry of an agent's run
+// that has none (a file whose queue was lost).
 //
 // What does not live here: the rules of what a sound stream is (package
 // recovery) and the views built from a stream (package projections).

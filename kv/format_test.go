@@ -83,7 +83,11 @@ func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	kv.RawUpdate(t, path, func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("polyloop")) })
+	// As versions before the marker left it: the runs and index buckets
+	// alone (the read-write Open above added the queue too).
+	kv.RawUpdate(t, path, func(tx *bolt.Tx) error {
+		return errors.Join(tx.DeleteBucket([]byte("polyloop")), tx.DeleteBucket([]byte("queue")))
+	})
 	for _, ro := range []bool{true, false, true} {
 		s, err := kv.Open(path, kv.Options{ReadOnly: ro})
 		if err != nil {
@@ -102,6 +106,9 @@ func TestAStoreFromBeforeTheFormatMarkerStillOpens(t *testing.T) {
 	db.View(func(tx *bolt.Tx) error {
 		if tx.Bucket([]byte("polyloop")) == nil {
 			t.Error("a read-write open did not add the format marker")
+		}
+		if tx.Bucket([]byte("queue")) == nil {
+			t.Error("a read-write open did not add the queue")
 		}
 		return nil
 	})

@@ -38,6 +38,9 @@ type layout interface {
 	readAfter(tx *bolt.Tx, runID string, info RunInfo, seen int, last ulid.ULID, r *events.StreamReader) bool
 	// exists reports whether the run has a stream, sound or not.
 	exists(tx *bolt.Tx, runID string) bool
+	// first is the key and sealed value of the run's first event; ok
+	// false when the layout has none on record (or none it can read).
+	first(tx *bolt.Tx, runID string) (key ulid.ULID, sealed []byte, ok bool)
 	// entryKey is the key the run's index entry is filed under (nil: the
 	// run has none on record): its run id in format 1; in the log, its
 	// first key, so the entries of the runs being driven — the newest —
@@ -144,6 +147,18 @@ func (l bucketLayout) read(tx *bolt.Tx, runID string, _ RunInfo, _ bool, r *even
 
 func (bucketLayout) exists(tx *bolt.Tx, runID string) bool {
 	return tx.Bucket(runsBucket).Get([]byte(runID)) != nil || tx.Bucket(runsBucket).Bucket([]byte(runID)) != nil
+}
+
+func (l bucketLayout) first(tx *bolt.Tx, runID string) (ulid.ULID, []byte, bool) {
+	b, err := l.stream(tx, runID)
+	if err != nil || b == nil {
+		return ulid.ULID{}, nil, false
+	}
+	k, v := b.Cursor().First()
+	if len(k) != len(ulid.ULID{}) {
+		return ulid.ULID{}, nil, false
+	}
+	return ulid.ULID(k), v, true
 }
 
 func (bucketLayout) entryKey(_ *bolt.Tx, runID string) []byte { return []byte(runID) }
@@ -418,6 +433,23 @@ func forward(log *bolt.Bucket, first, stop ulid.ULID) []chained {
 
 func (logLayout) exists(tx *bolt.Tx, runID string) bool {
 	return tx.Bucket(startsBucket).Get([]byte(runID)) != nil
+}
+
+func (logLayout) first(tx *bolt.Tx, runID string) (ulid.ULID, []byte, bool) {
+	first := tx.Bucket(startsBucket).Get([]byte(runID))
+	if len(first) != len(ulid.ULID{}) {
+		return ulid.ULID{}, nil, false
+	}
+	key := ulid.ULID(first)
+	v := tx.Bucket(logBucket).Get(key[:])
+	if v == nil {
+		return key, nil, false
+	}
+	_, seq, sealed, err := splitLog(key, v)
+	if err != nil || seq != 0 {
+		return key, nil, false
+	}
+	return key, sealed, true
 }
 
 func (logLayout) entryKey(tx *bolt.Tx, runID string) []byte {

@@ -169,8 +169,10 @@ func create(path string, o Options) error {
 // makeFormat creates an empty store of the format version in tx: its
 // top-level buckets and the format marker.
 func makeFormat(tx *bolt.Tx, version string) error {
-	buckets := [][]byte{indexBucket, logBucket, startsBucket}
+	buckets := [][]byte{indexBucket, logBucket, startsBucket, queueBucket}
 	if version == formatBuckets {
+		// As versions before the log made them: a read-write Open adds
+		// the queue.
 		buckets = [][]byte{runsBucket, indexBucket}
 	}
 	for _, name := range buckets {
@@ -266,7 +268,8 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		// The file check passed, so this is unexpected: report it as damage.
 		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
-	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now, yield: runtime.Gosched}
+	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now, yield: runtime.Gosched,
+		owner: newOwner(), opened: time.Now()}
 	if s.maxGroup <= 0 {
 		s.maxGroup = DefaultMaxGroup
 	}
@@ -279,6 +282,10 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 	if err := s.prepare(); err != nil {
 		withFaultsAsPanics(db.Close)
 		return fail(err)
+	}
+	if err := s.loadCancels(); err != nil {
+		withFaultsAsPanics(db.Close)
+		return fail(fmt.Errorf("kv: open %s: read the queue: %w", path, err))
 	}
 	s.idle = sync.NewCond(&s.mu)
 	return s, nil
@@ -301,9 +308,11 @@ func (s *Store) MetaRollback() string { return s.report.rolledBack }
 
 // prepare reads the format marker, picks the file's layout and checks its
 // top-level buckets, and (read-write) marks a store from before the marker
-// existed (a format 1 store).
+// existed (a format 1 store) and adds the queue bucket to a file made
+// before it. The queue changes no format version: a file without it reads
+// as one with an empty queue.
 func (s *Store) prepare() error {
-	var marked bool
+	var marked, queue bool
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			var names []string
@@ -334,19 +343,26 @@ func (s *Store) prepare() error {
 					return fmt.Errorf("%w: %s: the %s bucket is missing", ErrCorrupt, s.path, name)
 				}
 			}
+			queue = tx.Bucket(queueBucket) != nil
 			return nil
 		})
 	})
-	if err != nil || s.readOnly || marked {
+	if err != nil || s.readOnly || marked && queue {
 		return err
 	}
 	return withFaultsAsPanics(func() error {
 		return s.db.Update(func(tx *bolt.Tx) error {
-			format, err := tx.CreateBucketIfNotExists(formatBucket)
-			if err != nil {
-				return err
+			if !marked {
+				format, err := tx.CreateBucketIfNotExists(formatBucket)
+				if err != nil {
+					return err
+				}
+				if err := format.Put(formatKey, []byte(formatBuckets)); err != nil {
+					return err
+				}
 			}
-			return format.Put(formatKey, []byte(formatBuckets))
+			_, err := tx.CreateBucketIfNotExists(queueBucket)
+			return err
 		})
 	})
 }

@@ -98,9 +98,9 @@ func (s *Store) read(ctx context.Context, runID string, each func(events.Envelop
 	return out, nil
 }
 
-// Runs lists every run in the index, ordered by run id. An entry that is
-// damaged, and a stream whose entry is missing, are listed with
-// StatusCorrupt.
+// Runs lists every run in the index, ordered by run id, each with its
+// queue entry, hold and liveness (coordinate). An entry that is damaged,
+// and a stream whose entry is missing, are listed with StatusCorrupt.
 func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -108,9 +108,16 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	var out []RunInfo
+	var (
+		out     []RunInfo
+		entries map[string]queueRead
+	)
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
+			var err error
+			if entries, err = queueEntries(tx); err != nil {
+				return err
+			}
 			index := tx.Bucket(indexBucket)
 			if index == nil {
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
@@ -152,6 +159,14 @@ func (s *Store) Runs(ctx context.Context) ([]RunInfo, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: list runs: %w", err)
+	}
+	now := s.clock()
+	for i := range out {
+		if e, ok := entries[out[i].RunID]; ok {
+			s.coordinate(&out[i], &e.q, e.err, now)
+		} else {
+			s.coordinate(&out[i], nil, nil, now)
+		}
 	}
 	return out, nil
 }

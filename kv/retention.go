@@ -13,7 +13,8 @@ var _ seams.RunDeleter = (*Store)(nil)
 
 // DeleteRun implements seams.RunDeleter: the run's events (in the log,
 // every event its links reach, and its first-key record; in a format 1
-// file, its bucket) and its index entry go in one transaction. The run is reserved (RunLocks) while it is
+// file, its bucket), its index entry and its queue entry go in one
+// transaction. The run is reserved (RunLocks) while it is
 // deleted, so a run being driven in this process is refused, and no driver
 // starts on it meanwhile; other processes cannot open the file at all. A
 // run whose index entry is damaged counts as unfinished. The freed pages
@@ -34,6 +35,7 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 		return fmt.Errorf("kv: delete run %q: %w", runID, err)
 	}
 	defer release()
+	var undo func()
 	err = withFaultsAsPanics(func() error {
 		return s.db.Update(func(tx *bolt.Tx) error {
 			index := tx.Bucket(indexBucket)
@@ -54,6 +56,12 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 				return err
 			}
 			s.written.forget(runID)
+			if queue := tx.Bucket(queueBucket); queue != nil && queue.Get([]byte(runID)) != nil {
+				if err := queue.Delete([]byte(runID)); err != nil {
+					return err
+				}
+				undo = s.cancels.put(runID, nil)
+			}
 			if indexed {
 				return index.Delete(key)
 			}
@@ -61,6 +69,9 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 		})
 	})
 	if err != nil {
+		if undo != nil {
+			undo()
+		}
 		return fmt.Errorf("kv: delete run %q: %w", runID, err)
 	}
 	s.txCount.Add(1)

@@ -111,6 +111,13 @@ type Store struct {
 	}
 	replies replies // each run's latest reply, as of its tail
 
+	// The queue (runqueue.go): this Open's name in the entries of the runs
+	// it claims, when it was opened (the claims of every other Open ended
+	// no later), and the file's cancel requests, mirrored.
+	owner   string
+	opened  time.Time
+	cancels cancels
+
 	// Group commit, leader-based: appenders queue under mu; one of them is
 	// the leader and commits everything queued in one transaction, in its
 	// own goroutine, taking in what queues while it applies the group (and

@@ -280,11 +280,25 @@ func TestRunsListsTheIndex(t *testing.T) {
 	if d.RunID != "done" || d.Status != kv.StatusFinished || d.Steps != 4 || d.StopReason != events.StopAgentFinished || d.Events != len(full) {
 		t.Errorf("finished run: %+v", d)
 	}
-	if o.RunID != "open" || o.Status != kv.StatusRunning || o.Steps != 1 || o.StopReason != "" || o.Events != 5 {
-		t.Errorf("running run: %+v", o)
+	// Nobody holds the unfinished run, and it was started for no agent:
+	// nothing continues it until engine.Resume does.
+	if o.RunID != "open" || o.Status != seams.StatusInterrupted || o.Steps != 1 || o.StopReason != "" || o.Events != 5 {
+		t.Errorf("unfinished run: %+v", o)
 	}
 	if d.FirstEvent.IsZero() || d.LastEvent.Before(d.FirstEvent) {
 		t.Errorf("event times: %v .. %v", d.FirstEvent, d.LastEvent)
+	}
+	// A driver of this process holds it: running, held by this Store.
+	release, err := s.LockRun("open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if runs, err = s.Runs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := runs[1]; o.Status != kv.StatusRunning || o.Owner != s.Owner() {
+		t.Errorf("unfinished run a driver holds: %+v", o)
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 // filed under the run's first key as the log files them (and sealed for
 // it); an entry from before the store kept a run's last key and count
 // (schema 1.0), which the log needs to find the run, gets them from the
-// stream. A damaged entry is filed as it is, damage Load will report. The runs'
+// stream. A damaged entry is filed as it is, damage Load will report.
+// Queue entries, filed by run id in both formats, are copied as they are. The runs'
 // streams are merged in key order, so the log fills its pages as appends
 // do; dst commits every upgradeBatch bytes. It keeps a cursor per run
 // open while merging (memory grows with the number of runs, not events).
@@ -100,6 +101,14 @@ func upgrade(dst, src *bolt.DB) error {
 		})
 		if err != nil {
 			return err
+		}
+		// Queue entries are filed by run id in both formats: copied as
+		// they are (a damaged one stays damaged; the claims in them are of
+		// Opens that have ended).
+		if queue := stx.Bucket(queueBucket); queue != nil {
+			if err := queue.ForEach(func(k, v []byte) error { return w.put(queueBucket, k, v) }); err != nil {
+				return err
+			}
 		}
 		return w.flush()
 	})
