@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,6 +37,10 @@ const (
 	childLedgerEnv = "POLYLOOP_FLEET_CHILD_LEDGER" // where each execution is recorded
 	// set: the worker stops by itself once its store lists no unfinished run
 	childUntilDoneEnv = "POLYLOOP_FLEET_CHILD_UNTIL_DONE"
+	// how many runs a worker drives at once, and the longest a tool takes
+	// (in milliseconds; it takes from a fifth of that)
+	childConcurrencyEnv = "POLYLOOP_FLEET_CHILD_CONCURRENCY"
+	childToolMillisEnv  = "POLYLOOP_FLEET_CHILD_TOOL_MS"
 )
 
 func TestMain(m *testing.M) {
@@ -58,8 +64,9 @@ const (
 // real side effect leaves behind whether or not its outcome becomes
 // durable.
 type ledger struct {
-	mu   sync.Mutex
-	path string
+	mu     sync.Mutex
+	path   string
+	toolMs int // the longest a tool takes; 25 when 0
 }
 
 func (l *ledger) Execute(ctx context.Context, call seams.ActionCall) (events.ActionOutcome, error) {
@@ -77,7 +84,8 @@ func (l *ledger) Execute(ctx context.Context, call seams.ActionCall) (events.Act
 	if err != nil {
 		return events.ActionOutcome{}, err
 	}
-	time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond) // the effect takes a while: a kill may land in it
+	longest := cmp.Or(l.toolMs, 25)
+	time.Sleep(time.Duration(longest/5+rand.IntN(longest-longest/5+1)) * time.Millisecond) // the effect takes a while: a kill may land in it
 	return events.ActionOutcome{Status: events.StatusExecuted, Observation: "done: " + call.Action.Text}, nil
 }
 
@@ -129,8 +137,10 @@ func fleetChild(target, ledgerPath string) int {
 	if o, ok := store.(interface{ Owner() string }); ok {
 		fmt.Printf("owner %s\n", o.Owner())
 	}
-	pool, err := worker.New(store, map[string]worker.Agent{"fleet": fleetAgent(&ledger{path: ledgerPath})},
-		worker.Options{Concurrency: 64, ClaimInterval: fleetClaim, RetryAfter: 50 * time.Millisecond, MaxRetryAfter: time.Second,
+	concurrency, _ := strconv.Atoi(os.Getenv(childConcurrencyEnv))
+	toolMs, _ := strconv.Atoi(os.Getenv(childToolMillisEnv))
+	pool, err := worker.New(store, map[string]worker.Agent{"fleet": fleetAgent(&ledger{path: ledgerPath, toolMs: toolMs})},
+		worker.Options{Concurrency: cmp.Or(concurrency, 64), ClaimInterval: fleetClaim, RetryAfter: 50 * time.Millisecond, MaxRetryAfter: time.Second,
 			Done: func(runID string, res events.RunResult, err error) {
 				if err != nil && !errors.Is(err, engine.ErrInterrupted) && !errors.Is(err, engine.ErrRunBusy) {
 					fmt.Fprintf(os.Stderr, "child: %s: %v\n", runID, err)
@@ -330,34 +340,51 @@ func TestAFleetOfWorkerProcessesSurvivesKills(t *testing.T) {
 	}
 	defer reader.Close()
 
-	workers := []*child{startFleetChild(t, target, ledgerPath), startFleetChild(t, target, ledgerPath), startFleetChild(t, target, ledgerPath)}
+	// Eight runs at a time each, tools of up to 150 ms: the runs outlast
+	// the kills, which land in the middle of work.
+	env := []string{childConcurrencyEnv + "=8", childToolMillisEnv + "=150"}
+	workers := []*child{startFleetChild(t, target, ledgerPath, env...), startFleetChild(t, target, ledgerPath, env...),
+		startFleetChild(t, target, ledgerPath, env...)}
 	defer func() {
 		for _, w := range workers {
 			w.cmd.Process.Kill()
 		}
 	}()
-	var takeovers []time.Duration
+	// Each dead worker's runs must all be taken over (or finished) once
+	// its lease runs out; how long that took is measured while the fleet
+	// goes on.
+	var (
+		takeoverMu sync.Mutex
+		takeovers  []time.Duration
+		watching   sync.WaitGroup
+	)
 	for kill := range 4 {
-		time.Sleep(time.Duration(200+rand.IntN(800)) * time.Millisecond)
+		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
 		i := rand.IntN(len(workers))
 		victim := workers[i]
 		held := heldBy(t, reader, victim.owner)
 		victim.cmd.Process.Signal(syscall.SIGKILL)
 		killedAt := time.Now()
 		<-victim.exited
-		workers[i] = startFleetChild(t, target, ledgerPath)
-		// Its runs are taken over (or finished) once its lease runs out.
-		deadline := killedAt.Add(fleetLease + 60*time.Second)
-		for heldBy(t, reader, victim.owner) > 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("kill %d: %d runs of the dead worker were not taken over", kill, heldBy(t, reader, victim.owner))
+		workers[i] = startFleetChild(t, target, ledgerPath, env...)
+		watching.Go(func() {
+			deadline := killedAt.Add(fleetLease + 60*time.Second)
+			for heldBy(t, reader, victim.owner) > 0 {
+				if time.Now().After(deadline) {
+					t.Errorf("kill %d: %d runs of the dead worker were not taken over", kill, heldBy(t, reader, victim.owner))
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		takeovers = append(takeovers, time.Since(killedAt))
-		t.Logf("kill %d: worker %s held %d unfinished runs; all taken over %v after the kill (lease %v, claim interval %v)",
-			kill, victim.owner, held, time.Since(killedAt).Round(10*time.Millisecond), fleetLease, fleetClaim)
+			took := time.Since(killedAt)
+			takeoverMu.Lock()
+			takeovers = append(takeovers, took)
+			takeoverMu.Unlock()
+			t.Logf("kill %d: worker %s held %d unfinished runs; all taken over or finished %v after the kill (lease %v, claim interval %v)",
+				kill, victim.owner, held, took.Round(10*time.Millisecond), fleetLease, fleetClaim)
+		})
 	}
+	watching.Wait()
 	// A graceful stop: SIGTERM; the worker exits 0 and gives its runs back.
 	i := rand.IntN(len(workers))
 	graceful := workers[i]
@@ -368,7 +395,7 @@ func TestAFleetOfWorkerProcessesSurvivesKills(t *testing.T) {
 	if n := heldBy(t, reader, graceful.owner); n > 0 {
 		t.Fatalf("the gracefully stopped worker still holds %d runs", n)
 	}
-	workers[i] = startFleetChild(t, target, ledgerPath)
+	workers[i] = startFleetChild(t, target, ledgerPath, env...)
 
 	deadline := time.Now().Add(3 * time.Minute)
 	for left := unfinished(t, reader); left > 0; left = unfinished(t, reader) {
@@ -398,9 +425,11 @@ func TestAPoolOnABboltFilePicksUpWhatAKilledProcessLeft(t *testing.T) {
 	}
 	dir := t.TempDir()
 	target, ledgerPath := filepath.Join(dir, "runs.db"), filepath.Join(dir, "ledger")
-	submitFleet(t, target, 100)
+	submitFleet(t, target, 200)
+	// Tools of up to 100 ms: the runs outlast the first kills.
+	env := []string{childToolMillisEnv + "=100"}
 	for kill := range 3 {
-		w := startFleetChild(t, target, ledgerPath)
+		w := startFleetChild(t, target, ledgerPath, env...)
 		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		w.cmd.Process.Signal(syscall.SIGKILL)
 		<-w.exited
@@ -426,7 +455,7 @@ func TestAPoolOnABboltFilePicksUpWhatAKilledProcessLeft(t *testing.T) {
 	}
 	// The last worker stops by itself once no run is left unfinished (the
 	// file is its while it works: nobody else can look).
-	w := startFleetChild(t, target, ledgerPath, childUntilDoneEnv+"=1")
+	w := startFleetChild(t, target, ledgerPath, append(env, childUntilDoneEnv+"=1")...)
 	select {
 	case err := <-w.exited:
 		if err != nil {

@@ -149,7 +149,11 @@ func command(ctx context.Context, stdout, stderr io.Writer, o *options, args []s
 				code = 1
 				continue
 			}
-			fmt.Fprintf(stdout, "%s: %sd\n", runID, args[0])
+			if args[0] == "resume" {
+				fmt.Fprintf(stdout, "%s: handed to the workers\n", runID)
+			} else {
+				fmt.Fprintf(stdout, "%s: cancelled (nobody drove it)\n", runID)
+			}
 		}
 		return code
 	}
