@@ -168,4 +168,3 @@ func TestHelpNeverShowsTheDatabasePassword(t *testing.T) {
 		t.Fatalf("-h shows the password:\n%s", help.String())
 	}
 }
-
