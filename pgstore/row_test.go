@@ -193,7 +193,8 @@ func TestMigrationChecksumsExistingRows(t *testing.T) {
 	proptest.AppendEach(t, old, "a", proptest.SoundStream("a"))
 	crashed(t, old)
 	proptest.AppendEach(t, old, "e", proptest.SoundStream("e")[:3])
-	exec(t, old.Schema(), `ALTER TABLE {{schema}}.runs DROP COLUMN crc, DROP COLUMN lease_owner, DROP COLUMN lease_expires;
+	exec(t, old.Schema(), `ALTER TABLE {{schema}}.runs DROP COLUMN crc, DROP COLUMN lease_owner, DROP COLUMN lease_expires,
+	DROP COLUMN agent, DROP COLUMN failures, DROP COLUMN last_error, DROP COLUMN retry_at, DROP COLUMN cancel_by, DROP COLUMN cancel_at;
 DELETE FROM {{schema}}.schema_migrations WHERE version >= 2;
 UPDATE {{schema}}.runs SET status = 'finished' WHERE run_id = 'e'`)
 	old.Close()
