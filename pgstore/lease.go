@@ -98,8 +98,9 @@ func (s *Store) Owner() string { return s.owner }
 
 // LockRun implements seams.RunLocker with a lease on the run's index row:
 // a conditional UPDATE sets this store's owner id and an expiry (now plus
-// Options.LeaseDuration, the server's clock) when nobody holds the run or
-// its holder's lease expired. No connection is held afterwards. A run
+// Options.LeaseDuration, the server's clock) when nobody holds the run,
+// its holder's lease expired, or the lease is this store's already (a run
+// it claimed, ClaimRuns). No connection is held afterwards. A run
 // held by a live lease of another worker, or by another driver of this
 // process, fails at once with seams.ErrRunLocked naming the holder and
 // its expiry. A run without an index row yet (one being started) is

@@ -123,6 +123,8 @@ type queries struct {
 	start, cont, row, load, runs, deletable, delete, has    string
 	take, holder, renew, renewUnlocked, release, releaseAll string
 	conts                                                   string // several runs' continuations in one statement
+	claim, giveBack, requeue, queued                        string // the queue (queueQueries)
+	requestCancel, cancelOf, describe                       string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -385,7 +387,7 @@ func newQueries(schema string) queries {
 INSERT INTO {{schema}}.events (run_id, seq, id, kind, value, crc)
 SELECT $1, r.base + t.ord, t.id, t.kind, t.value, t.crc
 FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALITY AS t(id, kind, value, crc, ord)`
-	return queries{
+	q := queries{
 		// A new run: its index row, unless one exists (then no row, and
 		// nothing is written: of two concurrent starts one waits for the
 		// other's commit and writes nothing), with the agent it was
@@ -490,13 +492,14 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, seq, id, kind, value, crc
 FROM {{schema}}.events WHERE run_id = $1 AND seq >= $2
 ORDER BY seq`),
-		// The index rows, and the run ids of events without one (found by
-		// a skip scan of the events' primary key: one index probe per
-		// run, not a read of every event), every column but run_id null.
-		runs: sub(`SELECT * FROM (
-	SELECT ` + rowColumns("") + ` FROM {{schema}}.runs
+		// The index rows with their coordination, and the run ids of
+		// events without one (found by a skip scan of the events' primary
+		// key: one index probe per run, not a read of every event), every
+		// column but run_id null; each with the server's now.
+		runs: sub(`SELECT u.*, now() FROM (
+	SELECT ` + rowColumns("") + `, ` + coordColumns + ` FROM {{schema}}.runs
 	UNION ALL
-	SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+	SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, ` + coordNulls + ` FROM (
 		WITH RECURSIVE ids(run_id) AS (
 			(SELECT run_id FROM {{schema}}.events ORDER BY run_id LIMIT 1)
 			UNION ALL
@@ -520,6 +523,8 @@ LEFT JOIN LATERAL (SELECT seq, id, value FROM {{schema}}.events WHERE run_id = k
 e AS (DELETE FROM {{schema}}.events WHERE run_id = $1 AND (EXISTS (SELECT 1 FROM r) OR $2) RETURNING 1)
 SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM e)`),
 	}
+	queueQueries(sub, &q)
+	return q
 }
 
 // Schema is the PostgreSQL schema holding the store's tables.
@@ -936,8 +941,13 @@ func deref(p *string) any {
 // index rows, ordered by run id (bytewise, as kv orders them), and the
 // runs whose events have no index row. A row that breaks the index's
 // rules or fails its checksum, and a stream without a row, are listed
-// with StatusCorrupt (only the run id known), as kv lists them: loading
-// the run reports the damage.
+// with StatusCorrupt (only the run id and the row's coordination known),
+// as kv lists them: loading the run reports the damage. Each entry
+// carries its coordination — agent, lease (the last holder's owner and
+// expiry stay visible after it expired, until another takes the run or
+// it is given back), failures, retry time, cancel request — and its
+// liveness (seams.RunInfo.Liveness) by the server's clock as of the
+// statement.
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
 }
@@ -951,17 +961,15 @@ func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 	var (
 		out  []seams.RunInfo
 		sc   rowScan
-		dest = sc.dest()
+		co   coordScan
+		now  time.Time
+		dest = append(append(sc.dest(), co.dest()...), &now)
 	)
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("pgstore: list runs: %w", err)
 		}
-		row, _, err := sc.row()
-		if err != nil || sc.status == nil {
-			row.info = seams.RunInfo{RunID: *sc.runID, Status: seams.StatusCorrupt}
-		}
-		out = append(out, row.info)
+		out = append(out, listed(&sc, &co, now))
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: list runs: %w", err)
