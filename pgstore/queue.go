@@ -154,10 +154,9 @@ func (s *Store) ClaimRuns(ctx context.Context, agents []string, max int) ([]seam
 // its failure count goes up, the failure is kept as its last error (valid
 // UTF-8, at most events.MaxEnvErrorBytes, cut and marked with "…"), and it
 // is claimable again after retry by the server's clock. A run another
-// worker holds, or a finished one, is left as it is (nil error); a run the
-// store does not hold is seams.ErrNoRun, a negative retry an error, and a
-// run a driver of this store still holds (LockRun not released) is
-// refused with seams.ErrRunLocked, writing nothing.
+// worker holds, one a driver of this store still holds (its LockRun not
+// released), a finished run and a run the store does not hold are left as
+// they are (nil error); a negative retry is an error.
 func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retryAfter time.Duration) error {
 	if s.readOnly {
 		return ErrReadOnly
@@ -166,38 +165,28 @@ func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retryAfte
 		return fmt.Errorf("pgstore: release run: %w", err)
 	}
 	if retryAfter < 0 {
-		return fmt.Errorf("pgstore: release run %q: the retry delay %v is negative", runID, retryAfter)
+		return fmt.Errorf("pgstore: release run %q: the retry delay %v is negative (want 0 or more)", runID, retryAfter)
 	}
 	if l := s.leaseOf(runID); l != nil {
 		l.mu.Lock()
 		driven := l.lost == nil
 		l.mu.Unlock()
 		if driven {
-			return fmt.Errorf("pgstore: release run %q: %w by a driver of this store: release its LockRun first", runID, seams.ErrRunLocked)
+			return nil // a driver of this store holds it
 		}
 	}
 	var text *string
 	if failure != "" {
 		text = events.EnvErrorText(strings.ReplaceAll(strings.ToValidUTF8(failure, "\uFFFD"), "\x00", "\uFFFD"))
 	}
-	n, err := retry(ctx, func() (int64, error) {
-		tag, err := s.pool.Exec(ctx, s.q.giveBack, runID, s.owner, text, retryAfter.Microseconds())
-		return tag.RowsAffected(), err
+	_, err := retry(ctx, func() (struct{}, error) {
+		_, err := s.pool.Exec(ctx, s.q.giveBack, runID, s.owner, text, retryAfter.Microseconds())
+		return struct{}{}, err
 	})
 	if err != nil {
 		return fmt.Errorf("pgstore: release run %q: %w", runID, err)
 	}
-	if n == 1 {
-		return nil
-	}
-	h, err := s.holder(ctx, runID)
-	switch {
-	case err != nil:
-		return fmt.Errorf("pgstore: release run %q: %w", runID, err)
-	case !h.exists:
-		return fmt.Errorf("pgstore: release run %q: %w", runID, seams.ErrNoRun)
-	}
-	return nil // finished, or another worker's now
+	return nil
 }
 
 // RequeueRun implements seams.RunQueue in one statement: the run's retry
@@ -249,11 +238,15 @@ func (s *Store) RequeueRun(ctx context.Context, runID string) error {
 	}
 }
 
+// MaxCancelByBytes bounds the requester's name RequestCancel records.
+const MaxCancelByBytes = 1 << 10
+
 // RequestCancel implements seams.RunCanceller in one statement, durable on
 // commit: the request by by, at the server's now, unless one is recorded
 // (the first stays), and the run's live holder. When this store holds the
 // run, its CancelRequested sees the request at once. by must be text
-// PostgreSQL can hold (valid UTF-8 without NUL).
+// PostgreSQL can hold (valid UTF-8 without NUL), of at most
+// MaxCancelByBytes.
 func (s *Store) RequestCancel(ctx context.Context, runID, by string) (string, error) {
 	if s.readOnly {
 		return "", ErrReadOnly
@@ -261,7 +254,10 @@ func (s *Store) RequestCancel(ctx context.Context, runID, by string) (string, er
 	if err := seams.ValidRunID(runID); err != nil {
 		return "", fmt.Errorf("pgstore: request cancel: %w", err)
 	}
-	if !utf8Text(by) {
+	switch {
+	case len(by) > MaxCancelByBytes:
+		return "", fmt.Errorf("pgstore: request cancel of run %q: the requester's name is %d bytes, more than %d", runID, len(by), MaxCancelByBytes)
+	case !utf8Text(by):
 		return "", fmt.Errorf("pgstore: request cancel of run %q: the requester's name %q is not valid UTF-8 without NUL", runID, by)
 	}
 	var (

@@ -299,10 +299,9 @@ func TestAFinishedRunLeavesTheQueue(t *testing.T) {
 
 // TestReleaseRun: a run given back without a failure is claimable at
 // once; with one, its failure is counted and kept and it is claimable
-// again only after the retry delay. A run another worker holds now is
-// left alone, and so is a finished one; a run a driver of this store
-// still holds, a run the store does not hold and a negative delay are
-// refused.
+// again only after the retry delay. A run another worker or a driver of
+// this store holds is left alone, and so are a finished run and one never
+// written; a negative delay is refused.
 func TestReleaseRun(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgstore.Options{})
@@ -394,31 +393,35 @@ func TestReleaseRun(t *testing.T) {
 			t.Fatalf("a finished run given back: %+v", info)
 		}
 	})
-	t.Run("refused", func(t *testing.T) {
+	t.Run("a driver of this store's", func(t *testing.T) {
 		startRun(t, s, "driven", "f")
 		claimed(t, s, []string{"f"}, 1)
 		release := lock(t, s, "driven")
-		for _, c := range []struct {
-			name, run string
-			retry     time.Duration
-			want      error
-			says      string
-		}{
-			{"a run a driver of this store holds", "driven", 0, seams.ErrRunLocked, "release its LockRun first"},
-			{"a run never written", "nothing", 0, seams.ErrNoRun, ""},
-			{"a negative delay", "driven", -time.Second, nil, "retry delay -1s is negative"},
-		} {
-			err := s.ReleaseRun(ctx, c.run, "boom", c.retry)
-			if err == nil || c.want != nil && !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
-				t.Errorf("%s: %v, want %v saying %q", c.name, err, c.want, c.says)
-			}
+		if err := s.ReleaseRun(ctx, "driven", "boom", 0); err != nil {
+			t.Fatal(err)
 		}
 		if info := described(t, s, "driven"); info.Owner != s.Owner() || info.Failures != 0 {
-			t.Fatalf("refused releases wrote: %+v", info)
+			t.Fatalf("a run a driver of this store holds, after the store gave it back: %+v", info)
 		}
 		release()
 		if err := s.ReleaseRun(ctx, "driven", "boom", 0); err != nil {
-			t.Fatalf("after the driver's release: %v", err)
+			t.Fatal(err)
+		}
+		if info := described(t, s, "driven"); info.Owner != "" || info.Failures != 1 {
+			t.Fatalf("given back after its driver's release: %+v", info)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		if err := s.ReleaseRun(ctx, "never written", "boom", 0); err != nil {
+			t.Errorf("a run never written: %v, want nothing done", err)
+		}
+		startRun(t, s, "negative", "g")
+		err := s.ReleaseRun(ctx, "negative", "boom", -time.Second)
+		if err == nil || !strings.Contains(err.Error(), "retry delay -1s is negative") {
+			t.Errorf("a negative delay: %v", err)
+		}
+		if info := described(t, s, "negative"); info.Failures != 0 {
+			t.Errorf("the refused release wrote: %+v", info)
 		}
 	})
 }
@@ -556,8 +559,14 @@ func TestCancelRequests(t *testing.T) {
 	if by := cancelBy(t, ctx, s, "never"); by != "" {
 		t.Fatalf("a run never written has a request by %q", by)
 	}
-	if _, err := s.RequestCancel(ctx, "queued", "bad\x00name"); err == nil || !strings.Contains(err.Error(), "NUL") {
-		t.Fatalf("request by a name holding NUL: %v", err)
+	for _, c := range []struct{ by, says string }{
+		{"bad\x00name", "not valid UTF-8 without NUL"},
+		{"bad \xff byte", "not valid UTF-8 without NUL"},
+		{strings.Repeat("x", pgstore.MaxCancelByBytes+1), "more than 1024"},
+	} {
+		if _, err := s.RequestCancel(ctx, "held", c.by); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("request by %.20q: %v, want an error saying %q", c.by, err, c.says)
+		}
 	}
 }
 
