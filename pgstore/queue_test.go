@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -818,5 +819,49 @@ func (n planNode) walk(fn func(planNode)) {
 	fn(n)
 	for _, c := range n.Plans {
 		c.walk(fn)
+	}
+}
+
+// BenchmarkClaim: one worker's claim of one run and its release, beside
+// 10 unfinished runs of the agent and 100 or 100,000 finished ones
+// (written by real appends of run streams, many at once so they group):
+// a claim costs what the unfinished runs cost, whatever the finished.
+func BenchmarkClaim(b *testing.B) {
+	for _, finished := range []int{100, 100_000} {
+		b.Run(fmt.Sprintf("finished=%d", finished), func(b *testing.B) {
+			ctx := context.Background()
+			s := open(b, pgstore.Options{})
+			var (
+				next atomic.Int64
+				wg   sync.WaitGroup
+			)
+			for range 64 {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(finished) && !b.Failed(); i = next.Add(1) {
+						id := fmt.Sprintf("f%06d", i)
+						started := proptest.SoundStream(id)[0].(events.RunStarted)
+						started.Agent = "a"
+						if _, err := s.Append(ctx, id, ulid.ULID{}, append([]events.Event{started}, proptest.FailedModelCall(id, 0)...)...); err != nil {
+							b.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			for i := range 10 {
+				startRun(b, s, fmt.Sprintf("q%d", i), "a")
+			}
+			exec(b, s.Schema(), `VACUUM ANALYZE {{schema}}.runs`)
+			agents := []string{"a"}
+			for b.Loop() {
+				claims, err := s.ClaimRuns(ctx, agents, 1)
+				if err != nil || len(claims) != 1 {
+					b.Fatalf("claim: %v, %v", claims, err)
+				}
+				if err := s.ReleaseRun(ctx, claims[0].RunID, "", 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
