@@ -239,7 +239,7 @@ func TestClaimersNeverShareARun(t *testing.T) {
 // claimer; a claim nobody locks is not renewed, so it runs out after one
 // term and the run is claimable again.
 func TestAClaimedRunIsTheClaimersToLock(t *testing.T) {
-	const term = time.Second
+	const term = 2 * time.Second
 	s := open(t, pgstore.Options{LeaseDuration: term})
 	other := open(t, pgstore.Options{Schema: s.Schema(), LeaseDuration: term})
 	tail := startRun(t, s, "r", "a")
@@ -252,7 +252,7 @@ func TestAClaimedRunIsTheClaimersToLock(t *testing.T) {
 	}
 	release := lock(t, s, "r")
 	// Held past the claim's term: LockRun's lease is renewed.
-	time.Sleep(3 * term / 2)
+	time.Sleep(term + term/4)
 	if _, err := s.Append(context.Background(), "r", tail, proptest.SoundStream("r")[2]); err != nil {
 		t.Fatalf("the claimer's append after its LockRun: %v", err)
 	}
@@ -343,16 +343,16 @@ func TestReleaseRun(t *testing.T) {
 		}
 		exec(t, s.Schema(), `UPDATE {{schema}}.runs SET retry_at = now() WHERE run_id = 'fails'`)
 		claimed(t, other, []string{"b"}, 1)
-		if err := other.ReleaseRun(ctx, "fails", "parameters changed", 300*time.Millisecond); err != nil {
+		if err := other.ReleaseRun(ctx, "fails", "parameters changed", time.Second); err != nil {
 			t.Fatal(err)
 		}
 		if info := described(t, s, "fails"); info.Failures != 2 || info.LastError != "parameters changed" {
 			t.Fatalf("after a second failure: %d failures, last %q", info.Failures, info.LastError)
 		}
 		if got := claimed(t, s, []string{"b"}, 1); len(got) != 0 {
-			t.Fatalf("claimed %q before its retry delay of 300ms", got)
+			t.Fatalf("claimed %q before its retry delay of 1s", got)
 		}
-		time.Sleep(400 * time.Millisecond)
+		time.Sleep(1100 * time.Millisecond)
 		if got := claimed(t, s, []string{"b"}, 1); !slices.Equal(got, []string{"fails"}) {
 			t.Fatalf("claim after the retry delay: %q", got)
 		}
