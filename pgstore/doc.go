@@ -1,6 +1,6 @@
-// Package pgstore is the PostgreSQL implementation of seams.RunStore and
-// seams.RunReader, for services whose workers run on many processes or
-// machines: any worker can continue any run, and readers (polyloop-inspect,
+// Package pgstore is the PostgreSQL implementation of seams.RunStore,
+// seams.RunReader and a worker pool's seams.RunQueue, for services whose
+// workers run on many processes or machines: any worker can continue any run, and readers (polyloop-inspect,
 // the viewer) read while agents write.
 //
 // # Tables
@@ -17,7 +17,9 @@
 // by Open (or Migrate) under a transaction-scoped advisory lock, so workers
 // starting together migrate once; schema_migrations records them.
 // Migration 3 adds the runs' lease columns: workers of version 2, which
-// hold runs with session advisory locks, must stop first. A schema
+// hold runs with session advisory locks, must stop first. Migration 5 adds
+// the queue's columns and its index (see Queue); workers of version 4
+// still running beside it leave those columns as they are. A schema
 // at a newer version than SchemaVersion is refused naming both versions;
 // a read-only store refuses any other version. Migration 2 gives the runs
 // rows their checksum, computing it for the rows already there over their
@@ -132,6 +134,69 @@
 // lease columns are coordination, not the run's data, so they are outside
 // the row's checksum: a damaged lease at worst keeps a run refused until
 // it expires.
+//
+// # Queue
+//
+// The store implements seams.RunQueue, seams.RunCanceller and
+// seams.RunDescriber for a worker pool with more columns on the runs row:
+// agent (RunStarted.Agent, written by the start append, which refuses a
+// name seams.ValidAgent refuses), failures, last_error and retry_at (a
+// worker's failures to drive the run), and cancel_by and cancel_at (an
+// operator's request). Like the lease columns they are coordination, not
+// the run's data, so they are outside the row's checksum.
+//
+//   - Claiming: ClaimRuns is one statement: an UPDATE that leases to this
+//     store (its owner, an expiry of now plus the term) the runs a
+//     sub-select picks — unfinished, started for one of the agents named,
+//     no live lease, retry time come — oldest first (by first event), at
+//     most max, FOR UPDATE SKIP LOCKED: concurrent claimers skip each
+//     other's rows instead of waiting for them, and never get one run
+//     twice. The sub-select reads the partial index runs_claimable
+//     (agent, first_event) WHERE status = 'running' AND agent IS NOT NULL.
+//     A run leaves that index in the statement of the append that
+//     finishes it, so a claim reads the unfinished runs of its agents
+//     (those live workers hold are read and skipped), never a finished
+//     run, however many there are; a run started without an agent is
+//     never in it.
+//   - Driving a claim: a claimed run is held as LockRun holds it, and
+//     taking a lease accepts the store's own owner, so the claimer's
+//     LockRun succeeds and any other store's is refused. The claim's lease
+//     is renewed only once LockRun has registered the run in this process:
+//     a worker locks right after claiming; a claim nobody locks expires
+//     after one term, and the run is claimable again.
+//   - Giving back: ReleaseRun clears the lease when it is this store's or
+//     already cleared (the engine's LockRun release comes first). Without a
+//     failure the run is claimable at once; with one, failures goes up,
+//     last_error keeps it (valid UTF-8, cut at events.MaxEnvErrorBytes),
+//     and retry_at is now plus the delay, by the server's clock. A run
+//     another worker holds, or a driver of this store, or a finished one,
+//     is left as it is.
+//   - Requeueing: RequeueRun clears retry_at, failures, last_error and a
+//     lease that ran out, in one conditional UPDATE; a refusal is
+//     explained by reading the row (seams.ErrNoRun, seams.ErrRunFinished,
+//     seams.ErrNotQueued, seams.ErrRunLocked naming the live holder).
+//   - Cancelling: RequestCancel is one UPDATE, durable on commit, that
+//     keeps the first request and returns it with the live holder.
+//     CancelRequested costs no round trip for a run this store holds:
+//     every statement that touches the row of a run it holds — taking it,
+//     the holder's appends (alone, or in a group's one statement of
+//     continuations), renewals — returns the run's request in the same
+//     statement (an append sends nothing more), and the lease keeps it;
+//     a request through this store is kept at once. A request another
+//     process records is seen by the holder when its next such statement
+//     reads it back: its next append (which waits for the request's row
+//     lock, so a request committed before the append of an action's
+//     intent is seen before the action executes), or its next renewal,
+//     a third of the term at most for a run waiting on its model. For a
+//     run it does not hold, CancelRequested reads the row. A finished run
+//     has no request (it was carried out, or is moot): statements and
+//     listings return none for a finished row.
+//   - Listing: Runs and Describe fill the agent, the holder (owner and
+//     expiry: the last holder's stay visible after its lease ran out, so
+//     an operator sees which worker died, until another takes the run or
+//     it is given back), failures, last error, retry time and cancel
+//     request, and set the status with seams.RunInfo.Liveness against the
+//     server's now, read in the same statement.
 //
 // # Reading
 //

@@ -22,3 +22,7 @@ func Queued(s *Store) int {
 	defer s.group.mu.Unlock()
 	return len(s.group.queue)
 }
+
+// ClaimSQL is s's claim statement: $1 the agents, $2 the most runs, $3 the
+// owner, $4 the lease term in microseconds.
+func ClaimSQL(s *Store) string { return s.q.claim }

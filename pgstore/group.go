@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/polyloop/polyloop/seams"
 )
 
 // maxGroup bounds the appends one transaction carries.
@@ -17,14 +19,16 @@ const maxGroup = 256
 // pending is an append statement waiting for its group. Its result
 // fields are written by the leader that sent it before done is closed.
 type pending struct {
-	runID string
-	sql   string
-	args  []any
+	runID  string
+	sql    string
+	args   []any
+	events int // the events it appends
 
-	rows int64 // rows the statement affected
-	err  error
-	done chan struct{}
-	lead chan struct{} // closed when its appender is made the leader while it waits
+	rows   int64                // rows the statement affected (cont: the events it inserted)
+	cancel *seams.CancelRequest // cont: the run's cancel request, as its row holds it after the append
+	err    error
+	done   chan struct{}
+	lead   chan struct{} // closed when its appender is made the leader while it waits
 }
 
 // grouper queues append statements for their leader: one group in
@@ -96,18 +100,19 @@ func (g *grouper) close() {
 	}
 }
 
-// exec queues one append statement and waits for its result: the rows it
-// affected. When ctx ends first, a statement not yet sent is withdrawn
+// exec queues one append statement of events events and waits for its
+// result: the events it inserted (all or none), and for a continuation the
+// run's cancel request as the statement read it back. When ctx ends first, a statement not yet sent is withdrawn
 // (nothing written: ctx's error); one already in flight may still
 // commit, and the error says so. An appender made the leader leads
 // whatever its ctx says: the statements queued behind it depend on it.
-func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64, error) {
-	p := &pending{runID: runID, sql: sql, args: args, done: make(chan struct{}), lead: make(chan struct{})}
+func (s *Store) exec(ctx context.Context, runID, sql string, events int, args []any) (int64, *seams.CancelRequest, error) {
+	p := &pending{runID: runID, sql: sql, args: args, events: events, done: make(chan struct{}), lead: make(chan struct{})}
 	g := s.group
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
-		return 0, errClosed
+		return 0, nil, errClosed
 	}
 	g.queue = append(g.queue, p)
 	leads := !g.leader
@@ -116,25 +121,25 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 	if !leads {
 		select {
 		case <-p.done:
-			return p.rows, p.err
+			return p.rows, p.cancel, p.err
 		case <-p.lead:
 		case <-ctx.Done():
 			g.mu.Lock()
 			select {
 			case <-p.done: // sent meanwhile: its result is known
 				g.mu.Unlock()
-				return p.rows, p.err
+				return p.rows, p.cancel, p.err
 			case <-p.lead: // made the leader meanwhile: it must lead
 			default:
 				for i, q := range g.queue {
 					if q == p {
 						g.queue = append(g.queue[:i], g.queue[i+1:]...)
 						g.mu.Unlock()
-						return 0, ctx.Err()
+						return 0, nil, ctx.Err()
 					}
 				}
 				g.mu.Unlock()
-				return 0, fmt.Errorf("%w while the append was in flight; it may yet commit", ctx.Err())
+				return 0, nil, fmt.Errorf("%w while the append was in flight; it may yet commit", ctx.Err())
 			}
 			g.mu.Unlock()
 		}
@@ -145,7 +150,7 @@ func (s *Store) exec(ctx context.Context, runID, sql string, args []any) (int64,
 		select {
 		case <-p.done:
 			g.handOff()
-			return p.rows, p.err
+			return p.rows, p.cancel, p.err
 		default:
 		}
 		s.sendGroup(s.sendCtx, g.take())
@@ -214,6 +219,10 @@ func (s *Store) sendOnce(ctx context.Context, group []*pending) error {
 	defer conn.Release()
 	if len(group) == 1 {
 		p := group[0]
+		if p.sql == s.q.cont {
+			p.err = p.scanCont(conn.QueryRow(ctx, p.sql, p.args...))
+			return p.err
+		}
 		tag, err := conn.Exec(ctx, p.sql, p.args...)
 		p.rows, p.err = tag.RowsAffected(), err
 		return err
@@ -229,10 +238,14 @@ func (s *Store) sendOnce(ctx context.Context, group []*pending) error {
 		first = readMerged(br, merged)
 	}
 	for _, p := range rest {
-		tag, err := br.Exec()
-		p.rows, p.err = tag.RowsAffected(), err
-		if err != nil && first == nil {
-			first = err
+		if p.sql == s.q.cont { // alone in its group (mergeConts merges two or more)
+			p.err = p.scanCont(br.QueryRow())
+		} else {
+			tag, err := br.Exec()
+			p.rows, p.err = tag.RowsAffected(), err
+		}
+		if p.err != nil && first == nil {
+			first = p.err
 		}
 	}
 	if err := br.Close(); err != nil && first == nil {
@@ -240,13 +253,31 @@ func (s *Store) sendOnce(ctx context.Context, group []*pending) error {
 	}
 	if first != nil {
 		for _, p := range group {
-			p.rows = 0 // the transaction did not commit
+			p.rows, p.cancel = 0, nil // the transaction did not commit
 			if p.err == nil {
 				p.err = first
 			}
 		}
 	}
 	return first
+}
+
+// scanCont reads a continuation's answer (queries.cont): a row when the
+// run's row moved on, so every event was inserted, holding the run's
+// cancel request; none when its conditions refused it.
+func (p *pending) scanCont(row pgx.Row) error {
+	var (
+		by *string
+		at *time.Time
+	)
+	switch err := row.Scan(&by, &at); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	p.rows, p.cancel = int64(p.events), cancelRequest(by, at)
+	return nil
 }
 
 // notSent is an error before a statement was sent (no connection could be
@@ -303,29 +334,36 @@ func (s *Store) mergeConts(b *pgx.Batch, group []*pending) (merged, rest []*pend
 	return merged, rest
 }
 
-// readMerged reads the merged statement's answer: how many events each
-// run got (none for a run whose conditions refused it).
+// readMerged reads the merged statement's answer: each run whose row
+// moved on, so got every event (the others' conditions refused them), and
+// its cancel request.
 func readMerged(br pgx.BatchResults, merged []*pending) error {
 	rows, err := br.Query()
 	if err != nil {
 		return err
 	}
-	got := make(map[string]int64, len(merged))
+	moved := make(map[string]*seams.CancelRequest, len(merged))
 	for rows.Next() {
-		var run string
-		var n int64
-		if err := rows.Scan(&run, &n); err != nil {
+		var (
+			run string
+			by  *string
+			at  *time.Time
+		)
+		if err := rows.Scan(&run, &by, &at); err != nil {
 			rows.Close()
 			return err
 		}
-		got[run] = n
+		moved[run] = cancelRequest(by, at)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	for _, p := range merged {
-		p.rows, p.err = got[p.runID], nil
+		p.rows, p.cancel, p.err = 0, nil, nil
+		if c, ok := moved[p.runID]; ok {
+			p.rows, p.cancel = int64(p.events), c
+		}
 	}
 	return nil
 }

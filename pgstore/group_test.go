@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
@@ -88,8 +89,15 @@ func TestAppendsQueuedMeanwhileCommitTogether(t *testing.T) {
 // groupOf appends the next event of run first and holds it in flight (the
 // runs table locked by another session), appends the next event of each
 // of ids meanwhile, waits until they are queued, lets the first go, and
-// returns each one's error.
+// returns each one's error. The next event of a run is the third of its
+// proptest.SoundStream.
 func groupOf(t *testing.T, s *pgstore.Store, first string, tails map[string]ulid.ULID, ids ...string) map[string]error {
+	t.Helper()
+	return groupWith(t, s, func(id string) events.Event { return proptest.SoundStream(id)[2] }, first, tails, ids...)
+}
+
+// groupWith is groupOf appending next(id) to each run.
+func groupWith(t *testing.T, s *pgstore.Store, next func(id string) events.Event, first string, tails map[string]ulid.ULID, ids ...string) map[string]error {
 	t.Helper()
 	ctx := context.Background()
 	blocker, tx := holding(t, `LOCK TABLE `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+` IN SHARE ROW EXCLUSIVE MODE`)
@@ -98,7 +106,7 @@ func groupOf(t *testing.T, s *pgstore.Store, first string, tails map[string]ulid
 		ch := make(chan error, 1)
 		results[id] = ch
 		go func() {
-			_, err := s.Append(ctx, id, tails[id], proptest.SoundStream(id)[2])
+			_, err := s.Append(ctx, id, tails[id], next(id))
 			ch <- err
 		}()
 	}

@@ -38,6 +38,40 @@ type lease struct {
 	// row is the run's index row as this process's last append wrote it
 	// (nil: unknown), so the driver's next append need not read it back.
 	row *indexRow
+	// cancel is the run's cancel request as the last statement that
+	// touched its row for this lease read it back (taking it, appending,
+	// renewing), or as RequestCancel through this store recorded it: what
+	// CancelRequested answers without a round trip. A request, once
+	// recorded, stays while the run is unfinished, so a statement's
+	// answer only ever fills it.
+	cancel *seams.CancelRequest
+}
+
+// noteCancel records a cancel request a statement read back for l's run;
+// l.mu must be held. A nil answer (none yet, as of an older snapshot)
+// never clears one already known.
+func (l *lease) noteCancel(c *seams.CancelRequest) {
+	if l.cancel == nil {
+		l.cancel = c
+	}
+}
+
+// cancelColumns are the columns a statement touching runs rows returns for
+// a run's cancel request, named cancel_by and cancel_at, each prefixed with
+// p (a table alias and a dot, or nothing): null for a finished run, whose
+// request was carried out or is moot.
+func cancelColumns(p string) string {
+	return "CASE WHEN " + p + "status = 'running' THEN " + p + "cancel_by END AS cancel_by, " +
+		"CASE WHEN " + p + "status = 'running' THEN " + p + "cancel_at END AS cancel_at"
+}
+
+// cancelRequest is the request the columns cancelColumns names hold, nil
+// for none.
+func cancelRequest(by *string, at *time.Time) *seams.CancelRequest {
+	if by == nil || at == nil {
+		return nil
+	}
+	return &seams.CancelRequest{By: *by, At: *at}
 }
 
 var _ seams.RunLeaser = (*Store)(nil)
@@ -64,8 +98,9 @@ func (s *Store) Owner() string { return s.owner }
 
 // LockRun implements seams.RunLocker with a lease on the run's index row:
 // a conditional UPDATE sets this store's owner id and an expiry (now plus
-// Options.LeaseDuration, the server's clock) when nobody holds the run or
-// its holder's lease expired. No connection is held afterwards. A run
+// Options.LeaseDuration, the server's clock) when nobody holds the run,
+// its holder's lease expired, or the lease is this store's already (a run
+// it claimed, ClaimRuns). No connection is held afterwards. A run
 // held by a live lease of another worker, or by another driver of this
 // process, fails at once with seams.ErrRunLocked naming the holder and
 // its expiry. A run without an index row yet (one being started) is
@@ -131,16 +166,24 @@ func (s *Store) LockRun(runID string) (func(), error) {
 func (s *Store) take(ctx context.Context, runID string, l *lease) error {
 	for attempt := 1; ; attempt++ {
 		sent := time.Now()
-		tag, err := retry(ctx, func() (int64, error) {
-			tag, err := s.pool.Exec(ctx, s.q.take, runID, s.owner, s.leaseTerm.Microseconds())
-			return tag.RowsAffected(), err
+		var (
+			by *string
+			at *time.Time
+		)
+		taken, err := retry(ctx, func() (bool, error) {
+			err := s.pool.QueryRow(ctx, s.q.take, runID, s.owner, s.leaseTerm.Microseconds()).Scan(&by, &at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return false, nil
+			}
+			return err == nil, err
 		})
 		if err != nil {
 			return fmt.Errorf("pgstore: lock run %q: %w", runID, err)
 		}
-		if tag == 1 {
+		if taken {
 			l.mu.Lock()
 			l.onServer, l.valid = true, sent.Add(s.leaseTerm)
+			l.noteCancel(cancelRequest(by, at))
 			l.mu.Unlock()
 			return nil
 		}
@@ -248,8 +291,10 @@ func (s *Store) renew(ctx context.Context, held map[string]*lease, skipLocked bo
 		q = s.q.renewUnlocked
 	}
 	type state struct {
-		RunID   string
-		Renewed bool
+		RunID    string
+		Renewed  bool
+		CancelBy *string
+		CancelAt *time.Time
 	}
 	sent := time.Now()
 	found, err := retry(ctx, func() ([]state, error) {
@@ -267,13 +312,14 @@ func (s *Store) renew(ctx context.Context, held map[string]*lease, skipLocked bo
 		if l == nil {
 			continue
 		}
-		if f.Renewed {
-			l.mu.Lock()
-			if l.lost == nil {
+		l.mu.Lock()
+		if l.lost == nil {
+			if f.Renewed {
 				l.valid = sent.Add(s.leaseTerm)
 			}
-			l.mu.Unlock()
+			l.noteCancel(cancelRequest(f.CancelBy, f.CancelAt))
 		}
+		l.mu.Unlock()
 		delete(held, f.RunID) // still this process's
 	}
 	for id, l := range held {

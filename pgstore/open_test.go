@@ -24,7 +24,7 @@ import (
 
 // exec runs sql on the test server (the test's own connection, not the
 // store's), with the schema's name for {{schema}}.
-func exec(t *testing.T, schema, sql string, args ...any) {
+func exec(t testing.TB, schema, sql string, args ...any) {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
 	if err != nil {

@@ -123,6 +123,8 @@ type queries struct {
 	start, cont, row, load, runs, deletable, delete, has    string
 	take, holder, renew, renewUnlocked, release, releaseAll string
 	conts                                                   string // several runs' continuations in one statement
+	claim, giveBack, requeue, queued                        string // the queue (queueQueries)
+	requestCancel, cancelOf, describe                       string
 }
 
 // Open connects to the database dsn names (a postgres:// URL or a
@@ -385,14 +387,16 @@ func newQueries(schema string) queries {
 INSERT INTO {{schema}}.events (run_id, seq, id, kind, value, crc)
 SELECT $1, r.base + t.ord, t.id, t.kind, t.value, t.crc
 FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALITY AS t(id, kind, value, crc, ord)`
-	return queries{
+	q := queries{
 		// A new run: its index row, unless one exists (then no row, and
 		// nothing is written: of two concurrent starts one waits for the
-		// other's commit and writes nothing).
+		// other's commit and writes nothing), with the agent it was
+		// started for ($16, null for none): queued for that agent's
+		// workers unless the append finishes it.
 		start: sub(`WITH r AS (
-	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc, lease_owner, lease_expires)
+	INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc, lease_owner, lease_expires, agent)
 	VALUES ($1, $6, $7, $8, $9, $12, $10, $11, $13, CASE WHEN $6 = 'finished' THEN NULL ELSE $14::text END,
-		CASE WHEN $14::text IS NULL OR $6 = 'finished' THEN NULL ELSE now() + $15::bigint * interval '1 microsecond' END)
+		CASE WHEN $14::text IS NULL OR $6 = 'finished' THEN NULL ELSE now() + $15::bigint * interval '1 microsecond' END, $16::text)
 	ON CONFLICT (run_id) DO NOTHING
 	RETURNING 0::bigint AS base)` + insertEvents),
 		// A continued run: its index row becomes the one the append
@@ -404,7 +408,10 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 		// ($20, the owner) appends only while the lease is its own, and
 		// its append renews it for $21 microseconds; an append without a
 		// lease ($20 null) only while nobody live holds one. An append
-		// finishing the run gives the lease back.
+		// finishing the run gives the lease back. Its answer is a row when
+		// the run's row moved on (and so every event was inserted), none
+		// when it did not: the run's cancel request as the row now holds
+		// it.
 		cont: sub(`WITH r AS (
 	UPDATE {{schema}}.runs SET status = $6, steps = $7, events = $8,
 		stop_reason = $9, last_event = $10, last_id = $11, crc = $13,
@@ -414,12 +421,14 @@ FROM r, unnest($2::bytea[], $3::text[], $4::bytea[], $5::bigint[]) WITH ORDINALI
 	WHERE run_id = $1 AND last_id = $12 AND status = 'running' AND steps = $14 AND events = $15
 		AND stop_reason = $16 AND first_event = $17 AND last_event = $18 AND crc = $19
 		AND CASE WHEN $20::text IS NULL THEN lease_owner IS NULL OR lease_expires <= now() ELSE lease_owner = $20::text END
-	RETURNING $15::bigint AS base)` + insertEvents),
+	RETURNING $15::bigint AS base, ` + cancelColumns("") + `),
+e AS (` + insertEvents + `)
+SELECT cancel_by, cancel_at FROM r`),
 		// Several runs' continuations ($1-$16: cont's parameters, a run
 		// each; $18-$23: their events, each with its run and its place in
 		// its batch), each run's row moved on under cont's conditions and
-		// its events inserted only if it was: each run that was, and how
-		// many events it got.
+		// its events inserted only if it was: each run that was (so got
+		// every event), and its cancel request.
 		conts: sub(`WITH a AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::timestamptz[], $7::bytea[], $8::bigint[],
 		$9::bytea[], $10::int[], $11::bigint[], $12::text[], $13::timestamptz[], $14::timestamptz[], $15::bigint[], $16::text[])
@@ -436,32 +445,34 @@ r AS (
 		AND u.events = a.prev_events AND u.stop_reason = a.prev_stop AND u.first_event = a.prev_first
 		AND u.last_event = a.prev_last AND u.crc = a.prev_crc
 		AND CASE WHEN a.owner IS NULL THEN u.lease_owner IS NULL OR u.lease_expires <= now() ELSE u.lease_owner = a.owner END
-	RETURNING u.run_id, a.prev_events AS base),
+	RETURNING u.run_id, a.prev_events AS base, ` + cancelColumns("u.") + `),
 e AS (
 	INSERT INTO {{schema}}.events (run_id, seq, id, kind, value, crc)
 	SELECT r.run_id, r.base + t.ord, t.id, t.kind, t.value, t.crc
 	FROM r JOIN unnest($18::text[], $19::bigint[], $20::bytea[], $21::text[], $22::bytea[], $23::bigint[])
-		AS t(run_id, ord, id, kind, value, crc) ON t.run_id = r.run_id
-	RETURNING run_id)
-SELECT run_id, count(*) FROM e GROUP BY run_id`),
+		AS t(run_id, ord, id, kind, value, crc) ON t.run_id = r.run_id)
+SELECT run_id, cancel_by, cancel_at FROM r`),
 		// A lease ($2 the owner, $3 its term in microseconds) on a run
-		// nobody live holds.
+		// nobody live holds (or that this store holds: one it claimed):
+		// the run's cancel request.
 		take: sub(`UPDATE {{schema}}.runs SET lease_owner = $2, lease_expires = now() + $3::bigint * interval '1 microsecond'
-WHERE run_id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires <= now())`),
+WHERE run_id = $1 AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires <= now())
+RETURNING ` + cancelColumns("")),
 		// Who holds a run's lease, and whether it is live.
 		holder: sub(`SELECT lease_owner, lease_expires, coalesce(lease_expires > now(), false) FROM {{schema}}.runs WHERE run_id = $1`),
 		// The leases of runs $1 still held by owner $2, renewed: each such
-		// run, and true (renewed).
+		// run, true (renewed) and its cancel request.
 		renew: sub(`UPDATE {{schema}}.runs SET lease_expires = now() + $3::bigint * interval '1 microsecond'
-WHERE run_id = ANY($1::text[]) AND lease_owner = $2 RETURNING run_id, true`),
+WHERE run_id = ANY($1::text[]) AND lease_owner = $2 RETURNING run_id, true, ` + cancelColumns("")),
 		// The same, skipping the rows another transaction has locked: each
-		// run of $1 held by owner $2, and whether it was renewed.
+		// run of $1 held by owner $2, whether it was renewed, and its
+		// cancel request.
 		renewUnlocked: sub(`WITH free AS (
 	SELECT run_id FROM {{schema}}.runs WHERE run_id = ANY($1::text[]) AND lease_owner = $2 FOR UPDATE SKIP LOCKED),
 up AS (
 	UPDATE {{schema}}.runs r SET lease_expires = now() + $3::bigint * interval '1 microsecond'
 	FROM free WHERE r.run_id = free.run_id RETURNING r.run_id)
-SELECT m.run_id, EXISTS (SELECT 1 FROM up WHERE up.run_id = m.run_id)
+SELECT m.run_id, EXISTS (SELECT 1 FROM up WHERE up.run_id = m.run_id), ` + cancelColumns("m.") + `
 FROM {{schema}}.runs m WHERE m.run_id = ANY($1::text[]) AND m.lease_owner = $2`),
 		// The lease of run $1 held by owner $2, given back.
 		release: sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL
@@ -481,13 +492,14 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, seq, id, kind, value, crc
 FROM {{schema}}.events WHERE run_id = $1 AND seq >= $2
 ORDER BY seq`),
-		// The index rows, and the run ids of events without one (found by
-		// a skip scan of the events' primary key: one index probe per
-		// run, not a read of every event), every column but run_id null.
-		runs: sub(`SELECT * FROM (
-	SELECT ` + rowColumns("") + ` FROM {{schema}}.runs
+		// The index rows with their coordination, and the run ids of
+		// events without one (found by a skip scan of the events' primary
+		// key: one index probe per run, not a read of every event), every
+		// column but run_id null; each with the server's now.
+		runs: sub(`SELECT u.*, now() FROM (
+	SELECT ` + rowColumns("") + `, ` + coordColumns + ` FROM {{schema}}.runs
 	UNION ALL
-	SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+	SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, ` + coordNulls + ` FROM (
 		WITH RECURSIVE ids(run_id) AS (
 			(SELECT run_id FROM {{schema}}.events ORDER BY run_id LIMIT 1)
 			UNION ALL
@@ -511,6 +523,8 @@ LEFT JOIN LATERAL (SELECT seq, id, value FROM {{schema}}.events WHERE run_id = k
 e AS (DELETE FROM {{schema}}.events WHERE run_id = $1 AND (EXISTS (SELECT 1 FROM r) OR $2) RETURNING 1)
 SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM e)`),
 	}
+	queueQueries(sub, &q)
+	return q
 }
 
 // Schema is the PostgreSQL schema holding the store's tables.
@@ -558,6 +572,18 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	if after == maxULID {
 		return nil, s.refusal(ctx, runID, l, after, evs, nil) // no key follows it; it is not a real tail
+	}
+	// A start names the agent whose workers the run is queued for: a
+	// column, so one the rule for names refuses (text PostgreSQL cannot
+	// hold among them) is refused here, writing nothing.
+	var agent *string
+	if after == (ulid.ULID{}) {
+		if started, _ := events.As[events.RunStarted](evs[0]); started.Agent != "" {
+			if err := seams.ValidAgent(started.Agent); err != nil {
+				return nil, fmt.Errorf("pgstore: append to %q: run_started: %w", runID, err)
+			}
+			agent = &started.Agent
+		}
 	}
 	// A run reserved while it had no index row (LockRun could put no lease
 	// on it) that another writer started meanwhile without a lease: take
@@ -618,7 +644,7 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 	}
 	q, args := s.q.start, []any{runID, ids, kinds, vals, crcs,
 		string(info.Status), info.Steps, info.Events, string(info.StopReason), info.LastEvent, info.LastID[:], info.FirstEvent, int64(next.crc),
-		owner, s.leaseTerm.Microseconds()}
+		owner, s.leaseTerm.Microseconds(), agent}
 	if prev != nil {
 		p := prev.info
 		q, args[11] = s.q.cont, after[:]
@@ -626,7 +652,7 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 			owner, s.leaseTerm.Microseconds())
 	}
 	sent := time.Now()
-	rows, err := s.exec(ctx, runID, q, args)
+	rows, cancel, err := s.exec(ctx, runID, q, n, args)
 	switch {
 	case err == nil:
 	case pgconn.SafeToRetry(err) || errors.Is(err, errClosed):
@@ -645,6 +671,7 @@ func (s *Store) Append(ctx context.Context, runID string, after ulid.ULID, evs .
 			l.row, l.onServer, l.lost = &next, false, fmt.Errorf("run %q: %w: it is finished", runID, seams.ErrRunFinished)
 		default:
 			l.row, l.onServer, l.valid = &next, true, sent.Add(s.leaseTerm)
+			l.noteCancel(cancel)
 		}
 		l.mu.Unlock()
 	}
@@ -914,8 +941,13 @@ func deref(p *string) any {
 // index rows, ordered by run id (bytewise, as kv orders them), and the
 // runs whose events have no index row. A row that breaks the index's
 // rules or fails its checksum, and a stream without a row, are listed
-// with StatusCorrupt (only the run id known), as kv lists them: loading
-// the run reports the damage.
+// with StatusCorrupt (only the run id and the row's coordination known),
+// as kv lists them: loading the run reports the damage. Each entry
+// carries its coordination — agent, lease (the last holder's owner and
+// expiry stay visible after it expired, until another takes the run or
+// it is given back), failures, retry time, cancel request — and its
+// liveness (seams.RunInfo.Liveness) by the server's clock as of the
+// statement.
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
 }
@@ -929,17 +961,15 @@ func (s *Store) runs(ctx context.Context) ([]seams.RunInfo, error) {
 	var (
 		out  []seams.RunInfo
 		sc   rowScan
-		dest = sc.dest()
+		co   coordScan
+		now  time.Time
+		dest = append(append(sc.dest(), co.dest()...), &now)
 	)
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("pgstore: list runs: %w", err)
 		}
-		row, _, err := sc.row()
-		if err != nil || sc.status == nil {
-			row.info = seams.RunInfo{RunID: *sc.runID, Status: seams.StatusCorrupt}
-		}
-		out = append(out, row.info)
+		out = append(out, listed(&sc, &co, now))
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgstore: list runs: %w", err)
