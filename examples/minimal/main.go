@@ -1,6 +1,7 @@
 // Command minimal is the smallest durable agent: a tool registry, a model,
-// a parser, a store, one run. Kill it at any point and run it again: it
-// resumes the run where the log stops. The README shows this file whole.
+// a parser, a store, one run. Kill it at any point, or press Ctrl-C, and
+// run it again: it resumes the run where the log stops. The README shows
+// this file whole.
 package main
 
 import (
@@ -21,8 +22,11 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt) // Ctrl-C: the run finishes as cancelled
+	// Ctrl-C stops the run at its next step boundary, unfinished: run this
+	// again to resume it. (Cancelling ctx would finish it as cancelled.)
+	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	ctx := context.Background()
 	store, err := kv.Open("minimal.db", kv.Options{})
 	if err != nil {
 		log.Fatal(err)
@@ -46,7 +50,7 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store}
+	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store, Interrupt: interrupted.Done()}
 	req := engine.Request{RunID: "minimal-1", Tools: tools, Executor: tools.Executor(),
 		Budget:            engine.Budget{MaxSteps: 10, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 50_000},
 		ModelReplayPolicy: events.ReplaySafe, // a model call may be repeated after a crash
@@ -54,6 +58,10 @@ func main() {
 	result, err := engine.Resume(ctx, def, req) // continue the run if it exists...
 	if errors.Is(err, engine.ErrRunNotFound) {
 		result, err = engine.Run(ctx, def, req) // ...or start it
+	}
+	if errors.Is(err, engine.ErrInterrupted) {
+		fmt.Println("interrupted at a step boundary; run again to resume")
+		return
 	}
 	if err != nil {
 		log.Fatal(err) // infrastructure only; a crash here leaves the run resumable
