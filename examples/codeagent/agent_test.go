@@ -143,8 +143,8 @@ func TestCodeAgentAgainstAnEndpoint(t *testing.T) {
 // TestTheFirstHourFlow: the README's order — a run, then a crash of the
 // same run id — says how to go on instead of a bare "run exists"; -resume
 // of an unknown run says to start it; an unreachable endpoint is a failed
-// model call, labelled so, and a non-zero exit; an interrupted run
-// finishes as cancelled (exit 130).
+// model call, labelled so, and a non-zero exit; a cancelled run finishes
+// as cancelled (exit 130).
 func TestTheFirstHourFlow(t *testing.T) {
 	c := cfg(t)
 	if _, err := run(context.Background(), c); err != nil {
@@ -171,7 +171,7 @@ func TestTheFirstHourFlow(t *testing.T) {
 		t.Fatal("exit codes")
 	}
 
-	// Ctrl-C while the model thinks.
+	// The run cancelled while the model thinks.
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body) // so the server notices the client leaving
@@ -185,5 +185,23 @@ func TestTheFirstHourFlow(t *testing.T) {
 	c.url, c.runID = srv.URL+"/v1", "interrupted"
 	if r, err := run(ctx, c); err != nil || r.StopReason != events.StopCancelled {
 		t.Fatalf("interrupted run: %v %v", r.StopReason, err)
+	}
+}
+
+// TestCtrlCLeavesTheRunResumable: what main wires Ctrl-C to (the
+// definition's interrupt) stops the run unfinished with ErrInterrupted,
+// and -resume finishes it.
+func TestCtrlCLeavesTheRunResumable(t *testing.T) {
+	c := cfg(t)
+	pressed := make(chan struct{})
+	close(pressed)
+	c.interrupt = pressed
+	if _, err := run(context.Background(), c); !errors.Is(err, engine.ErrInterrupted) {
+		t.Fatalf("run with Ctrl-C pressed: %v, want ErrInterrupted", err)
+	}
+	c.interrupt, c.resume = nil, true
+	r, err := run(context.Background(), c)
+	if err != nil || exitCode(r.StopReason) != 0 {
+		t.Fatalf("-resume after Ctrl-C: %v %v", r.StopReason, err)
 	}
 }

@@ -47,6 +47,9 @@ type config struct {
 	store, runID, url, model, interpreter, workRoot string
 	resume                                          bool
 	crashAfter                                      int
+	// interrupt, once closed, stops the run at its next step boundary,
+	// resumable (Ctrl-C).
+	interrupt <-chan struct{}
 }
 
 func main() {
@@ -60,13 +63,17 @@ func main() {
 	flag.BoolVar(&c.resume, "resume", false, "resume the run instead of starting it")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
 	flag.Parse()
-	// Ctrl-C cancels the run: it finishes as cancelled (a finished run;
-	// Resume returns that result), unlike a crash, which leaves it
-	// resumable.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// Ctrl-C stops the run at its next step boundary, unfinished and
+	// resumable (-resume continues it), as a crash would but with nothing
+	// in doubt. (Cancelling the run — polyloop-admin cancel — finishes it.)
+	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	r, err := run(ctx, c)
+	c.interrupt = interrupted.Done()
+	r, err := run(context.Background(), c)
 	switch {
+	case errors.Is(err, engine.ErrInterrupted):
+		fmt.Fprintln(os.Stderr, "codeagent: interrupted at a step boundary; continue with -resume")
+		os.Exit(130)
 	case errors.Is(err, crashstore.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "codeagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
@@ -81,7 +88,7 @@ func main() {
 	os.Exit(exitCode(r.StopReason))
 }
 
-// exitCode: 0 when the agent reached an answer, 130 when interrupted, 1
+// exitCode: 0 when the agent reached an answer, 130 when cancelled, 1
 // when the run stopped for another reason (a budget, a failing model or
 // environment).
 func exitCode(reason events.StopReason) int {
@@ -89,7 +96,7 @@ func exitCode(reason events.StopReason) int {
 	case events.StopTaskCompleted, events.StopAgentFinished:
 		return 0
 	case events.StopCancelled:
-		fmt.Fprintln(os.Stderr, "codeagent: interrupted: the run finished as cancelled (recorded; it will not resume)")
+		fmt.Fprintln(os.Stderr, "codeagent: the run was cancelled (recorded; it will not resume)")
 		return 130
 	}
 	fmt.Fprintf(os.Stderr, "codeagent: the run stopped with %s before an answer\n", reason)
@@ -142,7 +149,7 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 }
 
 func agent(model seams.ModelClient, store seams.RunStore, c config) (engine.Definition, engine.Request) {
-	def := engine.Definition{Model: model, Parser: parsers.FencedCode{}, Store: store}
+	def := engine.Definition{Model: model, Parser: parsers.FencedCode{}, Store: store, Interrupt: c.interrupt}
 	req := engine.Request{
 		RunID:             c.runID,
 		Budget:            engine.Budget{MaxSteps: 12, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 60_000},

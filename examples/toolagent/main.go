@@ -78,6 +78,9 @@ type config struct {
 	store, results, url, model string
 	resume                     bool
 	crashAfter                 int
+	// interrupt, once closed, stops the running phase at its next step
+	// boundary, resumable (Ctrl-C).
+	interrupt <-chan struct{}
 }
 
 func main() {
@@ -90,13 +93,18 @@ func main() {
 	flag.BoolVar(&c.resume, "resume", false, "resume an interrupted review")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
 	flag.Parse()
-	// Ctrl-C cancels the running phase: its run finishes as cancelled (a
-	// finished run; Resume returns that result), unlike a crash, which
-	// leaves it resumable.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// Ctrl-C stops the running phase at its next step boundary, unfinished
+	// and resumable (-resume continues it), as a crash would but with
+	// nothing in doubt. (Cancelling a run — polyloop-admin cancel —
+	// finishes it.)
+	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	err := review(ctx, c, os.Stdout)
+	c.interrupt = interrupted.Done()
+	err := review(context.Background(), c, os.Stdout)
 	switch {
+	case errors.Is(err, engine.ErrInterrupted):
+		fmt.Fprintln(os.Stderr, "toolagent: interrupted at a step boundary; continue with -resume")
+		os.Exit(130)
 	case errors.Is(err, crashstore.ErrCrashed):
 		fmt.Fprintln(os.Stderr, "toolagent: crashed on purpose after", c.crashAfter, "durable writes; continue with -resume")
 		os.Exit(3)
@@ -109,8 +117,8 @@ func main() {
 	}
 }
 
-// errCancelled: a phase stopped because of Ctrl-C.
-var errCancelled = errors.New("interrupted: the phase's run finished as cancelled (recorded; it will not resume)")
+// errCancelled: a phase's run was cancelled.
+var errCancelled = errors.New("the phase's run was cancelled (recorded; it will not resume)")
 
 // review runs (or, resuming, continues) each phase in turn.
 func review(ctx context.Context, c config, out io.Writer) error {
@@ -169,7 +177,7 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 			return events.RunResult{}, err
 		}
 	}
-	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store}
+	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store, Interrupt: c.interrupt}
 	req := engine.Request{
 		RunID:             runPrefix + "/" + p.name,
 		Budget:            engine.Budget{MaxSteps: 15, MaxActions: 12, MaxConsecutiveParseFailures: 3, MaxPromptChars: 80_000},
