@@ -38,7 +38,9 @@ func Run(ctx context.Context, def Definition, req Request) (events.RunResult, er
 // request's Agent and Input — and returns that event without driving the
 // run: Resume, or a worker that claims the run, drives it. It fails as
 // Run fails before it writes. A run that would stop before its first
-// model call (a prompt over its budget) is finished by Start.
+// model call (a prompt over its budget) is finished by Start. ctx bounds
+// Start until it writes; the write is not abandoned once begun (a run
+// whose context ended meanwhile is written, not finished cancelled).
 func Start(ctx context.Context, def Definition, req Request) (events.Envelope, error) {
 	stop := make(chan struct{})
 	close(stop)
@@ -48,7 +50,10 @@ func Start(ctx context.Context, def Definition, req Request) (events.Envelope, e
 		return events.Envelope{}, err
 	}
 	defer release()
-	if _, err := d.drive(ctx, m); err != nil && !errors.Is(err, ErrInterrupted) {
+	if err := ctx.Err(); err != nil {
+		return events.Envelope{}, fmt.Errorf("engine: start run %q: %w", req.RunID, context.Cause(ctx))
+	}
+	if _, err := d.drive(context.WithoutCancel(ctx), m); err != nil && !errors.Is(err, ErrInterrupted) {
 		return events.Envelope{}, err
 	}
 	return d.started, nil

@@ -274,6 +274,12 @@ func (m *machine) afterDurable(in input) command {
 		return m.executeCommand()
 	case cur.Model != nil && m.cur.issued && cur.Reply == nil && cur.Failure == nil:
 		return m.modelCommand()
+	case m.interrupted && in.cancelled:
+		// A cancellation seen at the boundary (an operator's request the
+		// append brought back) ends the run: a stopping worker does not
+		// hand back a run its operator asked to end.
+		m.finish(in, events.StopCancelled, nil)
+		return m.flush()
 	case m.interrupted:
 		return command{kind: cmdInterrupted}
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
@@ -192,4 +194,65 @@ func (s failAfterActionIntent) HoldsRun(ctx context.Context, runID string) error
 		}
 	}
 	return nil
+}
+
+// cancelAfterLoad is a store whose caller's context ends right after the
+// run's log was read: a deadline that runs out inside Start.
+type cancelAfterLoad struct {
+	*seamstest.MemStore
+	cancel context.CancelFunc
+}
+
+func (s cancelAfterLoad) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	defer s.cancel()
+	return s.MemStore.Load(ctx, runID)
+}
+
+// TestStartNeverFinishesTheRunItSubmits: a context that ends while Start
+// works does not turn the submitted run into a finished, cancelled one:
+// what Start reports written is a run a worker can drive.
+func TestStartNeverFinishesTheRunItSubmits(t *testing.T) {
+	mem := &seamstest.MemStore{}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := newAgent(cancelAfterLoad{mem, cancel}, "r", seamstest.Replies("FINAL: done")...)
+	_, err := engine.Start(ctx, a.def, a.req)
+	log, _ := mem.Load(context.Background(), "r")
+	switch {
+	case err == nil && kindsOf(log) != "run_started":
+		t.Fatalf("Start succeeded, and the run holds %s: want RunStarted alone", kindsOf(log))
+	case err != nil && len(log) > 0:
+		t.Fatalf("Start failed (%v), and the run holds %s: want nothing written", err, kindsOf(log))
+	}
+}
+
+// cancelOnStepCompleted records an operator's cancel request as a step's
+// StepCompleted is appended, and the append's answer brings it back (as
+// PostgreSQL's RETURNING does): the driver sees it after the append.
+type cancelOnStepCompleted struct{ *seamstest.MemStore }
+
+func (s cancelOnStepCompleted) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
+	envs, err := s.MemStore.Append(ctx, runID, after, evs...)
+	if err == nil && evs[len(evs)-1].Kind() == events.KindStepCompleted {
+		s.RequestCancel(ctx, runID, "ops")
+	}
+	return envs, err
+}
+
+// TestACancelSeenAtTheInterruptsBoundaryEndsTheRun: a worker shutting down
+// stops its run at the step boundary, but an operator's cancel request
+// seen there wins: the run ends cancelled, as the request's holder
+// promised, rather than being given back unfinished.
+func TestACancelSeenAtTheInterruptsBoundaryEndsTheRun(t *testing.T) {
+	store := cancelOnStepCompleted{&seamstest.MemStore{}}
+	a := newAgent(store, "r", seamstest.Replies("ACTION: ls", "FINAL: done")...)
+	stop := make(chan struct{})
+	a.def.Interrupt = stop
+	a.exec.Respond = func(ctx context.Context, call seams.ActionCall) (events.ActionOutcome, error) {
+		close(stop)
+		return events.ActionOutcome{Status: events.StatusExecuted, Observation: "3 files"}, nil
+	}
+	res, err := engine.Run(context.Background(), a.def, a.req)
+	if err != nil || res.StopReason != events.StopCancelled {
+		t.Fatalf("Run: %v %+v, want the run ended cancelled", err, res.StopReason)
+	}
 }
