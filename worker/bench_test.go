@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -108,6 +109,9 @@ func BenchmarkPool(b *testing.B) {
 							case err == nil:
 								err = fmt.Errorf("run %s stopped %s", runID, res.StopReason)
 								failed.Store(&err)
+							case errors.Is(err, engine.ErrRunBusy):
+								// Another drive of the run has it: a claim that
+								// raced a Submit's own hold, say.
 							default:
 								failed.Store(&err)
 							}

@@ -74,8 +74,15 @@ type Options struct {
 	// when it finished (err nil), or with the error that stopped it
 	// (engine.ErrInterrupted at shutdown, engine.ErrRunBusy when another
 	// driver had it, or the failure the pool recorded). It is called from
-	// the run's goroutine.
+	// each run's goroutine, so concurrently; the run's slot is free only
+	// once it returns.
 	Done func(runID string, result events.RunResult, err error)
+	// Problem, when set, is called with each failure of the pool's own
+	// work: a claim that failed (a read-only or closed store, a database
+	// out of reach; the pool tries again after ClaimInterval) or a run
+	// that could not be given back (its hold runs out instead). Called
+	// from Work's goroutine or a run's, so concurrently.
+	Problem func(err error)
 }
 
 // Defaults of Options.
@@ -119,8 +126,13 @@ type Pool struct {
 	working bool
 }
 
-// ErrUnknownAgent: Submit was given an agent the pool does not know.
-var ErrUnknownAgent = errors.New("worker: unknown agent")
+// Errors of a Pool.
+var (
+	// ErrUnknownAgent: Submit was given an agent the pool does not know.
+	ErrUnknownAgent = errors.New("worker: unknown agent")
+	// ErrWorking: Work was called on a pool that is already working.
+	ErrWorking = errors.New("worker: this pool is already working")
+)
 
 // New returns a pool of agents on store, which must hand runs to workers
 // (seams.RunQueue). Agent names follow seams.ValidAgent.
@@ -210,13 +222,14 @@ func (p *Pool) Resume(ctx context.Context, runID string) error {
 // interrupts every run it drives at its next step boundary, gives each
 // back to the store, and returns nil once all have stopped; runs are
 // never cancelled by it (their contexts carry ctx's values, not its
-// cancellation). A step in progress is waited for. An error is returned
-// only for a second Work on the same pool.
+// cancellation). A step in progress is waited for. A claim that fails is
+// reported to Options.Problem and tried again; Work returns an error only
+// for a second Work on the same pool (ErrWorking).
 func (p *Pool) Work(ctx context.Context) error {
 	p.mu.Lock()
 	if p.working {
 		p.mu.Unlock()
-		return errors.New("worker: this pool is already working")
+		return ErrWorking
 	}
 	p.working = true
 	p.mu.Unlock()
@@ -240,8 +253,11 @@ func (p *Pool) Work(ctx context.Context) error {
 			// claimable. It is not cut short by ctx: runs a claim took
 			// are driven, and given back at once if ctx ended meanwhile.
 			cctx, cancel := context.WithTimeout(runCtx, 30*time.Second)
-			claims, _ := p.queue.ClaimRuns(cctx, p.names, free)
+			claims, err := p.queue.ClaimRuns(cctx, p.names, free)
 			cancel()
+			if err != nil {
+				p.problem(fmt.Errorf("worker: claim runs: %w", err))
+			}
 			for _, c := range claims {
 				active++
 				wg.Add(1)
@@ -310,9 +326,18 @@ func (p *Pool) release(ctx context.Context, runID, failure string, retry time.Du
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := p.queue.ReleaseRun(ctx, runID, failure, retry); err != nil {
-		return errors.Join(cause, fmt.Errorf("worker: give back run %q: %w (its hold runs out instead)", runID, err))
+		err = fmt.Errorf("worker: give back run %q: %w (its hold runs out instead)", runID, err)
+		p.problem(err)
+		return errors.Join(cause, err)
 	}
 	return cause
+}
+
+// problem reports a failure of the pool's own work (Options.Problem).
+func (p *Pool) problem(err error) {
+	if p.opts.Problem != nil {
+		p.opts.Problem(err)
+	}
 }
 
 // backoff is how long the run waits after one more failure: RetryAfter,

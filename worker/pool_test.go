@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/scripted"
@@ -323,7 +325,7 @@ func TestCancelThroughThePoolEndsTheRunCancelled(t *testing.T) {
 }
 
 // TestAPoolRefusesWhatItCannotUse: a store that hands out no runs, no
-// agents, a bad agent name, an unknown agent at Submit, a second Work.
+// agents, a bad agent name, an unknown agent at Submit.
 func TestAPoolRefusesWhatItCannotUse(t *testing.T) {
 	r := newRig(1)
 	if _, err := worker.New(plainStore{}, map[string]worker.Agent{"a": r.agent}, worker.Options{}); err == nil || !strings.Contains(err.Error(), "seams.RunQueue") {
@@ -342,12 +344,42 @@ func TestAPoolRefusesWhatItCannotUse(t *testing.T) {
 	if _, err := p.Submit(context.Background(), "refunder", "r", nil); !errors.Is(err, worker.ErrUnknownAgent) || !strings.Contains(err.Error(), `"refunder"`) {
 		t.Errorf("an unknown agent: %v", err)
 	}
-	stop := work(t, p)
-	defer stop()
-	time.Sleep(10 * time.Millisecond)
-	if err := p.Work(context.Background()); err == nil {
-		t.Errorf("a second Work on the same pool ran")
-	}
 }
 
 type plainStore struct{ seams.RunStore }
+
+// TestAWorkerSaysWhyItClaimsNothing: a pool on a store it cannot claim
+// from (read-only) reports each failed claim to Options.Problem instead of
+// idling in silence.
+func TestAWorkerSaysWhyItClaimsNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runs.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	ro, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	problems := make(chan error, 100)
+	p, err := worker.New(ro, map[string]worker.Agent{"payer": newRig(1).agent}, worker.Options{ClaimInterval: 5 * time.Millisecond,
+		Problem: func(err error) { problems <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := work(t, p)
+	defer stop()
+	select {
+	case err := <-problems:
+		if !strings.Contains(err.Error(), "claim runs") || !strings.Contains(err.Error(), "read-only") {
+			t.Fatalf("reported %v, want the failed claim and why", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no problem reported")
+	}
+	if err := p.Work(context.Background()); !errors.Is(err, worker.ErrWorking) {
+		t.Fatalf("a second Work: %v, want ErrWorking", err)
+	}
+}
