@@ -41,19 +41,24 @@ func Run(ctx context.Context, def Definition, req Request) (events.RunResult, er
 // model call (a prompt over its budget) is finished by Start. ctx bounds
 // Start until it writes; the write is not abandoned once begun (a run
 // whose context ended meanwhile is written, not finished cancelled).
+//
+// Start reserves nothing and reads nothing: it executes nothing, so there
+// is nothing to spare a second driver, and its one append is refused,
+// writing nothing, when the run id has a log (the store's start rule):
+// the error then matches ErrRunExists.
 func Start(ctx context.Context, def Definition, req Request) (events.Envelope, error) {
 	stop := make(chan struct{})
 	close(stop)
 	def.Interrupt = stop
-	d, m, release, err := begin(ctx, def, req)
+	cfg, err := prepare(def, req)
 	if err != nil {
 		return events.Envelope{}, err
 	}
-	defer release()
 	if err := ctx.Err(); err != nil {
 		return events.Envelope{}, fmt.Errorf("engine: start run %q: %w", req.RunID, context.Cause(ctx))
 	}
-	if _, err := d.drive(context.WithoutCancel(ctx), m); err != nil && !errors.Is(err, ErrInterrupted) {
+	d := newDriver(def, req, ulid.ULID{})
+	if _, err := d.drive(context.WithoutCancel(ctx), newMachine(cfg)); err != nil && !errors.Is(err, ErrInterrupted) {
 		return events.Envelope{}, err
 	}
 	return d.started, nil

@@ -196,16 +196,17 @@ func (s failAfterActionIntent) HoldsRun(ctx context.Context, runID string) error
 	return nil
 }
 
-// cancelAfterLoad is a store whose caller's context ends right after the
-// run's log was read: a deadline that runs out inside Start.
-type cancelAfterLoad struct {
+// cancelWhilePreparing is a store whose caller's context ends as Start
+// asks the store for its parameters: a deadline that runs out inside
+// Start, before it writes.
+type cancelWhilePreparing struct {
 	*seamstest.MemStore
 	cancel context.CancelFunc
 }
 
-func (s cancelAfterLoad) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	defer s.cancel()
-	return s.MemStore.Load(ctx, runID)
+func (s cancelWhilePreparing) Parameters() map[string]string {
+	s.cancel()
+	return s.MemStore.Parameters()
 }
 
 // TestStartNeverFinishesTheRunItSubmits: a context that ends while Start
@@ -214,7 +215,7 @@ func (s cancelAfterLoad) Load(ctx context.Context, runID string) ([]events.Envel
 func TestStartNeverFinishesTheRunItSubmits(t *testing.T) {
 	mem := &seamstest.MemStore{}
 	ctx, cancel := context.WithCancel(context.Background())
-	a := newAgent(cancelAfterLoad{mem, cancel}, "r", seamstest.Replies("FINAL: done")...)
+	a := newAgent(cancelWhilePreparing{mem, cancel}, "r", seamstest.Replies("FINAL: done")...)
 	_, err := engine.Start(ctx, a.def, a.req)
 	log, _ := mem.Load(context.Background(), "r")
 	switch {

@@ -30,7 +30,10 @@ func queueQueries(sub func(string) string, q *queries) {
 	// finished run's row, and skips the rows another claim (or an append)
 	// has locked, so two claimers never wait for each other nor get one
 	// run; a row changed since the statement began is checked again as it
-	// now stands. The runs come back oldest first too.
+	// now stands. The runs come back oldest first too. $5 are runs a
+	// driver of this store is letting go of: their leases are already
+	// given back on the server, but the store still reserves them, so a
+	// claim of one could not be locked.
 	q.claim = sub(`WITH c AS (
 	UPDATE {{schema}}.runs SET lease_owner = $3, lease_expires = now() + $4::bigint * interval '1 microsecond'
 	WHERE run_id IN (
@@ -38,6 +41,7 @@ func queueQueries(sub func(string) string, q *queries) {
 		WHERE status = 'running' AND agent IS NOT NULL AND agent = ANY($1::text[])
 			AND (lease_owner IS NULL OR lease_expires <= now())
 			AND (retry_at IS NULL OR retry_at <= now())
+			AND run_id <> ALL($5::text[])
 		ORDER BY first_event
 		LIMIT $2
 		FOR UPDATE SKIP LOCKED)
@@ -112,6 +116,22 @@ func (c *coordScan) fill(info *seams.RunInfo) {
 	info.CancelRequested = cancelRequest(c.cancelBy, c.cancelAt)
 }
 
+// releasing lists the runs a driver of this store is letting go of (its
+// lease lost or given back, its reservation not yet forgotten).
+func (s *Store) releasing() []string {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	out := []string{}
+	for id, l := range s.leases {
+		l.mu.Lock()
+		if l.lost != nil {
+			out = append(out, id)
+		}
+		l.mu.Unlock()
+	}
+	return out
+}
+
 // ClaimRuns implements seams.RunQueue in one statement: up to max
 // unfinished runs of the named agents that nobody live holds and whose
 // retry time has come, oldest first, each leased to this store (its owner
@@ -136,7 +156,7 @@ func (s *Store) ClaimRuns(ctx context.Context, agents []string, max int) ([]seam
 		return nil, fmt.Errorf("pgstore: claim runs: %w", errClosed)
 	}
 	claims, err := retry(ctx, func() ([]seams.Claim, error) {
-		rows, err := s.pool.Query(ctx, s.q.claim, agents, max, s.owner, s.leaseTerm.Microseconds())
+		rows, err := s.pool.Query(ctx, s.q.claim, agents, max, s.owner, s.leaseTerm.Microseconds(), s.releasing())
 		if err != nil {
 			return nil, err
 		}

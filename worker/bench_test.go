@@ -130,7 +130,9 @@ func BenchmarkPool(b *testing.B) {
 					cancel()
 					wg.Wait()
 				}()
+				var submitTotal time.Duration
 				round := func(name string) {
+					began := time.Now()
 					finished.Store(0)
 					var sw sync.WaitGroup
 					for g := range 64 {
@@ -143,11 +145,15 @@ func BenchmarkPool(b *testing.B) {
 						})
 					}
 					sw.Wait()
+					submitted := time.Since(began)
 					for finished.Load() < int64(n) {
 						if err := failed.Load(); err != nil {
 							b.Fatalf("round %s: %v", name, *err)
 						}
 						time.Sleep(2 * time.Millisecond)
+					}
+					if name != "warm" {
+						submitTotal += submitted
 					}
 				}
 				round("warm")
@@ -158,6 +164,7 @@ func BenchmarkPool(b *testing.B) {
 				perRound := b.Elapsed() / time.Duration(b.N)
 				b.ReportMetric(float64(ideal)/float64(perRound), "of-ideal")
 				b.ReportMetric(float64(n*benchSteps)/perRound.Seconds(), "steps/s")
+				b.ReportMetric((submitTotal / time.Duration(b.N)).Seconds(), "s-submitting")
 			})
 		}
 	}

@@ -85,6 +85,14 @@ type Options struct {
 	Problem func(err error)
 }
 
+// claimGather is how long the pool waits, after a Submit through it or a
+// run's end, for more of them before it claims.
+const claimGather = 10 * time.Millisecond
+
+// busyRelease is how long after a drive found its claimed run busy the
+// claim is given back.
+const busyRelease = 100 * time.Millisecond
+
 // Defaults of Options.
 const (
 	DefaultConcurrency   = 64
@@ -276,17 +284,25 @@ func (p *Pool) Work(ctx context.Context) error {
 			return nil
 		case <-done:
 			active--
-			// Runs ending together make room for one claim.
-			for more := true; more; {
-				select {
-				case <-done:
-					active--
-				default:
-					more = false
-				}
-			}
 		case <-p.wake:
 		case <-timer.C:
+			continue
+		}
+		// Submits and runs ending close together make one claim: a claim
+		// is a write (on a bbolt file, a commit of its own), and one per
+		// submitted or finished run would crowd out the runs' appends.
+		gather := time.NewTimer(claimGather)
+		for gathering := true; gathering; {
+			select {
+			case <-done:
+				active--
+			case <-p.wake:
+			case <-gather.C:
+				gathering = false
+			case <-ctx.Done():
+				gather.Stop()
+				gathering = false
+			}
 		}
 	}
 }
@@ -296,8 +312,14 @@ func (p *Pool) Work(ctx context.Context) error {
 func (p *Pool) drive(ctx context.Context, c seams.Claim, stop <-chan struct{}) {
 	res, err := p.resume(ctx, c, stop)
 	switch {
-	case err == nil, errors.Is(err, engine.ErrRunBusy), errors.Is(err, engine.ErrRunNotFound):
-		// Finished; or another driver has the run; or it was deleted.
+	case err == nil, errors.Is(err, engine.ErrRunNotFound):
+		// Finished; or deleted.
+	case errors.Is(err, engine.ErrRunBusy):
+		// Another driver has the run — or had it a moment ago: a hold of
+		// this store being let go (a Submit's own) when the claim came.
+		// The claim is given back a moment later; a store leaves alone a
+		// run a driver of its own, or another worker, holds by then.
+		time.AfterFunc(busyRelease, func() { p.release(ctx, c.RunID, "", 0, nil) })
 	case errors.Is(err, engine.ErrInterrupted):
 		err = p.release(ctx, c.RunID, "", 0, err)
 	default:
