@@ -768,7 +768,7 @@ FROM generate_series(1, 100000) AS i`)
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, `PREPARE claim(text[], int, text, bigint) AS `+pgstore.ClaimSQL(s)); err != nil {
+	if _, err := conn.Exec(ctx, `PREPARE claim(text[], int, text, bigint, text[]) AS `+pgstore.ClaimSQL(s)); err != nil {
 		t.Fatal(err)
 	}
 	for _, analysed := range []bool{false, true} {
@@ -780,7 +780,7 @@ FROM generate_series(1, 100000) AS i`)
 			t.Fatal(err)
 		}
 		var plan []struct{ Plan planNode }
-		err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(ARRAY['a'], 1, 'explainer', 1000000)`).Scan(&plan)
+		err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(ARRAY['a'], 1, 'explainer', 1000000, ARRAY[]::text[])`).Scan(&plan)
 		tx.Rollback(ctx)
 		if err != nil || len(plan) != 1 {
 			t.Fatalf("explain: %v", err)
