@@ -67,7 +67,7 @@ func main() {
 	// resumable (-resume continues it), as a crash would but with nothing
 	// in doubt. (Cancelling the run — polyloop-admin cancel — finishes it.)
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+	context.AfterFunc(interrupted, stop) // a second Ctrl-C kills at once
 	c.interrupt = interrupted.Done()
 	r, err := run(context.Background(), c)
 	switch {

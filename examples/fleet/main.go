@@ -60,10 +60,7 @@ func main() {
 	// The first Ctrl-C or SIGTERM stops the worker gracefully; a second
 	// one is a crash (the default action comes back).
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
+	context.AfterFunc(ctx, stop)
 	os.Exit(command(ctx, os.Stdout, os.Stderr, o, flag.Args()))
 }
 

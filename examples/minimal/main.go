@@ -23,9 +23,10 @@ import (
 
 func main() {
 	// Ctrl-C stops the run at its next step boundary, unfinished: run this
-	// again to resume it. (Cancelling ctx would finish it as cancelled.)
+	// again to resume it. (Cancelling ctx would finish it as cancelled.) A
+	// second Ctrl-C kills the program at once.
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+	context.AfterFunc(interrupted, stop)
 	ctx := context.Background()
 	store, err := kv.Open("minimal.db", kv.Options{})
 	if err != nil {

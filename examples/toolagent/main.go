@@ -98,7 +98,7 @@ func main() {
 	// nothing in doubt. (Cancelling a run — polyloop-admin cancel —
 	// finishes it.)
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+	context.AfterFunc(interrupted, stop) // a second Ctrl-C kills at once
 	c.interrupt = interrupted.Done()
 	err := review(context.Background(), c, os.Stdout)
 	switch {
