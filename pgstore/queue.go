@@ -24,27 +24,35 @@ var (
 // the schema.
 func queueQueries(sub func(string) string, q *queries) {
 	// Up to $2 runs of the agents $1 that are claimable — unfinished,
-	// nobody live holds them, their retry time come — oldest first, each
-	// leased to owner $3 for $4 microseconds: the runs and their agents.
-	// The inner query reads the partial index runs_claimable, never a
-	// finished run's row, and skips the rows another claim (or an append)
-	// has locked, so two claimers never wait for each other nor get one
-	// run; a row changed since the statement began is checked again as it
-	// now stands. The runs come back oldest first too. $5 are runs a
+	// nobody live holds them, their retry time come — free ones first,
+	// then those whose lease ran out, each leased to owner $3 for $4
+	// microseconds: the runs and their agents, oldest first. The two
+	// selects read two ranges of the partial index runs_claimable (a free
+	// run's expiry is NULL, an expired one's before now), never a row a
+	// live lease holds nor a finished run's, and skip the rows another
+	// claim (or an append) has locked, so two claimers never wait for each
+	// other nor get one run; a row changed since the statement began is
+	// checked again as it now stands. $5 are runs a
 	// driver of this store is letting go of: their leases are already
 	// given back on the server, but the store still reserves them, so a
 	// claim of one could not be locked.
-	q.claim = sub(`WITH c AS (
+	q.claim = sub(`WITH free AS (
+	SELECT run_id FROM {{schema}}.runs
+	WHERE status = 'running' AND agent IS NOT NULL AND lease_expires IS NULL
+		AND agent = ANY($1::text[]) AND (retry_at IS NULL OR retry_at <= now()) AND run_id <> ALL($5::text[])
+	ORDER BY lease_expires NULLS FIRST
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), expired AS (
+	SELECT run_id FROM {{schema}}.runs
+	WHERE status = 'running' AND agent IS NOT NULL AND lease_expires <= now()
+		AND agent = ANY($1::text[]) AND (retry_at IS NULL OR retry_at <= now()) AND run_id <> ALL($5::text[])
+	ORDER BY lease_expires NULLS FIRST
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), c AS (
 	UPDATE {{schema}}.runs SET lease_owner = $3, lease_expires = now() + $4::bigint * interval '1 microsecond'
-	WHERE run_id IN (
-		SELECT run_id FROM {{schema}}.runs
-		WHERE status = 'running' AND agent IS NOT NULL AND agent = ANY($1::text[])
-			AND (lease_owner IS NULL OR lease_expires <= now())
-			AND (retry_at IS NULL OR retry_at <= now())
-			AND run_id <> ALL($5::text[])
-		ORDER BY first_event
-		LIMIT $2
-		FOR UPDATE SKIP LOCKED)
+	WHERE run_id IN (SELECT run_id FROM (SELECT run_id, 0 AS k FROM free UNION ALL SELECT run_id, 1 FROM expired) t ORDER BY k LIMIT $2)
 	RETURNING run_id, agent, first_event)
 SELECT run_id, agent FROM c ORDER BY first_event, run_id`)
 	// Run $1 given back by owner $2 (or already released): without a

@@ -17,8 +17,11 @@ ALTER TABLE {{schema}}.runs
 	ADD COLUMN cancel_at  timestamptz,
 	ADD CONSTRAINT runs_cancel_whole CHECK ((cancel_by IS NULL) = (cancel_at IS NULL));
 
--- What a claim reads: the unfinished runs of an agent, oldest first. A
--- finished run leaves this index in the transaction of the append that
--- finishes it, so a claim never reads finished runs however many there are.
-CREATE INDEX runs_claimable ON {{schema}}.runs (agent, first_event)
+-- What a claim reads: the unfinished runs with an agent, by their lease's
+-- expiry, free ones (NULL) first. A claim reads two ranges of it — the
+-- free runs, and the runs whose lease has run out — so it visits the
+-- claimable runs only, never the runs a live worker holds nor a finished
+-- run (a finished run leaves this index in the transaction of the append
+-- that finishes it), however many there are.
+CREATE INDEX runs_claimable ON {{schema}}.runs (lease_expires NULLS FIRST)
 	WHERE status = 'running' AND agent IS NOT NULL;
