@@ -148,12 +148,14 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 // ReleaseRun implements seams.RunQueue. No other Store holds a run of this
 // file now (the file lock keeps other processes out), so only a driver of
 // this process keeps the run as it is: otherwise its claim (this Store's,
-// or an ended Open's) is cleared and, with a failure, the failure count
-// goes up, the failure is kept as the last error (cut to 4 KiB) and the
-// run is claimable again after retry. The run is reserved (RunLocks) while
-// its entry is written. A run with no queue entry (finished, or never
-// queued) is left alone; a damaged entry is an ErrCorrupt error
-// (RequeueRun rewrites it). A negative retry is an error.
+// or an ended Open's) is cleared and, without a failure, it is claimable at
+// once (its retry time cleared); with one, the failure count goes up, the
+// failure is kept as the last error (cut to 4 KiB) and the run is
+// claimable again after retry. The run is reserved (RunLocks) while its
+// entry is written. A run no worker claims — finished, never queued, or
+// started without an agent (an entry holding only a cancel request) — is
+// left alone; a damaged entry is an ErrCorrupt error (RequeueRun rewrites
+// it). A negative retry is an error.
 func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retry time.Duration) error {
 	if err := s.writable(ctx); err != nil {
 		return err
@@ -175,10 +177,10 @@ func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retry tim
 		switch {
 		case err != nil:
 			return err
-		case q == nil, q.Owner == "" && failure == "":
+		case q == nil, q.Agent == "", q.Owner == "" && failure == "" && q.RetryAt == 0:
 			return errNothing
 		}
-		q.Owner = ""
+		q.Owner, q.RetryAt = "", 0
 		if failure != "" {
 			q.Failures++
 			q.LastError = clip(failure, maxLastError)

@@ -291,7 +291,9 @@ func TestAClaimedRunIsTheClaimersToDrive(t *testing.T) {
 
 // TestReleaseRunGivesARunBack: a worker gives back a run it claimed; with
 // a failure the run waits for its retry time, and its failure count and
-// last error say why (a table of releases, each after a claim).
+// last error say why; without one it is claimable at once, its retry time
+// cleared (a table of releases, each after a claim). A run no worker
+// claims is left alone.
 func TestReleaseRunGivesARunBack(t *testing.T) {
 	s := openQueueStore(t, formatLog)
 	ctx := context.Background()
@@ -299,7 +301,7 @@ func TestReleaseRunGivesARunBack(t *testing.T) {
 	s.clock = func() time.Time { return now }
 	submitRun(t, s, "alpha-r", "alpha")
 	long := strings.Repeat("é", maxLastError)
-	var retryAt time.Time // a release without a failure keeps it; zero: never set
+	var retryAt time.Time
 	for _, c := range []struct {
 		name      string
 		failure   string
@@ -317,6 +319,7 @@ func TestReleaseRunGivesARunBack(t *testing.T) {
 		if err := s.ReleaseRun(ctx, "alpha-r", c.failure, c.retry); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
+		retryAt = time.Time{} // without a failure: claimable at once
 		if c.failure != "" {
 			retryAt = now.Add(c.retry)
 		}
@@ -350,17 +353,26 @@ func TestReleaseRunGivesARunBack(t *testing.T) {
 	if err := s.ReleaseRun(ctx, "alpha-r", "boom", -time.Second); err == nil || !strings.Contains(err.Error(), "negative") {
 		t.Errorf("a negative retry: %v, want an error saying so", err)
 	}
-	for _, run := range []string{"never-written", "plain"} {
-		if run == "plain" {
+	if n := s.Transactions() - before; n != 0 {
+		t.Errorf("a refused release committed %d transactions", n)
+	}
+	for _, run := range []string{"never-written", "plain", "plain-asked"} {
+		switch run {
+		case "plain":
 			submitRun(t, s, run, "")
-			before = s.Transactions()
+		case "plain-asked": // its entry holds a cancel request and no agent
+			submitRun(t, s, run, "")
+			if _, err := s.RequestCancel(ctx, run, "ops"); err != nil {
+				t.Fatal(err)
+			}
 		}
+		before := s.Transactions()
 		if err := s.ReleaseRun(ctx, run, "boom", 0); err != nil {
 			t.Errorf("release of %s, which no queue holds: %v", run, err)
 		}
-	}
-	if n := s.Transactions() - before; n != 0 {
-		t.Errorf("refused or empty releases committed %d transactions", n)
+		if n := s.Transactions() - before; n != 0 {
+			t.Errorf("release of %s, which no queue holds, committed %d transactions", run, n)
+		}
 	}
 }
 
