@@ -43,14 +43,15 @@ func queueQueries(sub func(string) string, q *queries) {
 		FOR UPDATE SKIP LOCKED)
 	RETURNING run_id, agent, first_event)
 SELECT run_id, agent FROM c ORDER BY first_event, run_id`)
-	// Run $1 given back by owner $2 (or already released): without a
-	// failure ($3 null) claimable at once; with one, recorded, counted,
-	// and claimable again $4 microseconds from now.
+	// Run $1 given back by owner $2 (or already released), when it is
+	// unfinished and queued: without a failure ($3 null) claimable at
+	// once; with one, recorded, counted, and claimable again $4
+	// microseconds from now.
 	q.giveBack = sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL,
 	failures = failures + CASE WHEN $3::text IS NULL THEN 0 ELSE 1 END,
 	last_error = coalesce($3::text, last_error),
 	retry_at = CASE WHEN $3::text IS NULL THEN NULL ELSE now() + $4::bigint * interval '1 microsecond' END
-WHERE run_id = $1 AND status = 'running' AND (lease_owner IS NULL OR lease_owner = $2)`)
+WHERE run_id = $1 AND status = 'running' AND agent IS NOT NULL AND (lease_owner IS NULL OR lease_owner = $2)`)
 	// Run $1 handed back to the workers by an operator, when it is queued,
 	// unfinished and nobody live holds it.
 	q.requeue = sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL, failures = 0, last_error = NULL, retry_at = NULL
@@ -155,8 +156,9 @@ func (s *Store) ClaimRuns(ctx context.Context, agents []string, max int) ([]seam
 // UTF-8, at most events.MaxEnvErrorBytes, cut and marked with "…"), and it
 // is claimable again after retry by the server's clock. A run another
 // worker holds, one a driver of this store still holds (its LockRun not
-// released), a finished run and a run the store does not hold are left as
-// they are (nil error); a negative retry is an error.
+// released), a finished run, a run started without an agent and a run the
+// store does not hold are left as they are (nil error); a negative retry
+// is an error.
 func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retryAfter time.Duration) error {
 	if s.readOnly {
 		return ErrReadOnly

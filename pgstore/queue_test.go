@@ -301,8 +301,8 @@ func TestAFinishedRunLeavesTheQueue(t *testing.T) {
 // TestReleaseRun: a run given back without a failure is claimable at
 // once; with one, its failure is counted and kept and it is claimable
 // again only after the retry delay. A run another worker or a driver of
-// this store holds is left alone, and so are a finished run and one never
-// written; a negative delay is refused.
+// this store holds is left alone, and so are a finished run, one started
+// without an agent and one never written; a negative delay is refused.
 func TestReleaseRun(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgstore.Options{})
@@ -423,6 +423,15 @@ func TestReleaseRun(t *testing.T) {
 		}
 		if info := described(t, s, "negative"); info.Failures != 0 {
 			t.Errorf("the refused release wrote: %+v", info)
+		}
+	})
+	t.Run("a run without an agent", func(t *testing.T) {
+		startRun(t, s, "plain", "")
+		if err := s.ReleaseRun(ctx, "plain", "boom", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if info := described(t, s, "plain"); info.Failures != 0 || info.LastError != "" || !info.RetryAt.IsZero() {
+			t.Errorf("a run no worker claims, given back: %+v, want nothing recorded", info)
 		}
 	})
 }
