@@ -196,7 +196,9 @@
 //     an operator sees which worker died, until another takes the run or
 //     it is given back), failures, last error, retry time and cancel
 //     request, and set the status with seams.RunInfo.Liveness against the
-//     server's now, read in the same statement.
+//     server's now, read in the same statement. A finished run has left
+//     the queue: it is listed without any of them (the row keeps its
+//     agent and failures, moot), as kv lists it.
 //
 // # Reading
 //

@@ -73,8 +73,17 @@ RETURNING cancel_by, cancel_at, CASE WHEN lease_expires > now() THEN lease_owner
 }
 
 // coordColumns are a runs row's coordination columns in the order
-// coordScan takes them: what a listing shows beside the run's entry.
-var coordColumns = "agent, lease_owner, lease_expires, failures, last_error, retry_at, " + cancelColumns("")
+// coordScan takes them: what a listing shows beside the run's entry. A
+// finished run has left the queue: its columns read null (an agent,
+// failures and last error the row keeps from before are moot), as kv,
+// which removes a finished run's queue entry, lists it.
+var coordColumns = func() string {
+	var cols []string
+	for _, c := range []string{"agent", "lease_owner", "lease_expires", "failures", "last_error", "retry_at"} {
+		cols = append(cols, "CASE WHEN status = 'running' THEN "+c+" END AS "+c)
+	}
+	return strings.Join(cols, ", ") + ", " + cancelColumns("")
+}()
 
 // coordNulls stands for coordColumns where a listing has no row.
 const coordNulls = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
