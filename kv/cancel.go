@@ -16,7 +16,9 @@ var _ seams.RunCanceller = (*Store)(nil)
 // run's queue entry (made for it when the run has none: a run without an
 // agent gets one that no worker claims), and into this Store's memory,
 // in the transaction that writes it. The holder is this Store's Owner when
-// a driver of this process holds the run, else "". A damaged queue entry
+// a driver of this process holds the run or this Store claimed it and no
+// driver has taken it yet (its worker takes it at once and sees the
+// request), else "". A damaged queue entry
 // is written anew from the run's RunStarted, with this request. by is at
 // most 1 KiB.
 func (s *Store) RequestCancel(ctx context.Context, runID, by string) (string, error) {
@@ -51,7 +53,7 @@ func (s *Store) RequestCancel(ctx context.Context, runID, by string) (string, er
 	if err != nil {
 		return "", wrap(fmt.Sprintf("request cancel of run %q", runID), err)
 	}
-	if s.Held(runID) {
+	if s.holds(runID) {
 		return s.owner, nil
 	}
 	return "", nil

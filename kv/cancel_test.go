@@ -64,9 +64,9 @@ func TestTheFirstCancelRequestStays(t *testing.T) {
 }
 
 // TestRequestCancelNamesTheHolder: the holder is this Store's Owner while
-// a driver of this process holds the run, else nobody — a run claimed
-// and not yet taken included: the caller may end it itself, and the
-// claimer's driver, finding the run taken or finished, does nothing.
+// a driver of this process holds the run, or this Store claimed it and no
+// driver has taken it yet (its worker takes it at once and sees the
+// request), else nobody: then the caller may end the run itself.
 func TestRequestCancelNamesTheHolder(t *testing.T) {
 	s := openQueueStore(t, formatLog)
 	ctx := context.Background()
@@ -77,7 +77,16 @@ func TestRequestCancelNamesTheHolder(t *testing.T) {
 	}{
 		{"alpha-queued", "", func(run string) { submitRun(t, s, run, "alpha") }},
 		{"plain", "", func(run string) { submitRun(t, s, run, "") }},
-		{"beta-claimed", "", func(run string) { submitRun(t, s, run, "beta"); claimExactly(t, s, run) }},
+		{"beta-claimed", s.Owner(), func(run string) { submitRun(t, s, run, "beta"); claimExactly(t, s, run) }},
+		{"delta-let-go", "", func(run string) {
+			submitRun(t, s, run, "delta")
+			claimExactly(t, s, run)
+			release, err := s.LockRun(run)
+			if err != nil {
+				t.Fatal(err)
+			}
+			release()
+		}},
 		{"gamma-driven", s.Owner(), func(run string) {
 			submitRun(t, s, run, "gamma")
 			claimExactly(t, s, run)

@@ -17,13 +17,14 @@ var _ seams.RunQueue = (*Store)(nil)
 // runs started for an agent and not finished, never the index or the log
 // of every run — and, in one transaction, writes this Store's Owner into
 // the entries of up to max runs, in run id order, that are claimable: of
-// one of agents, past their retry time, not claimed by this Store, not held
-// by a driver of this process (it reserves each, as LockRun does, while
-// the transaction runs, so a driver that starts meanwhile finds it taken
-// and a claimed run is no other driver's), whose index entry is sound and
-// says the run has not finished. A claim held by another Open was left by
-// a process that has ended (the file lock keeps live ones out): such runs
-// are claimable at once. A damaged entry is not claimed (see the package
+// one of agents, past their retry time, not claimed by this Store and not
+// taken yet (see claims), not held by a driver of this process (it
+// reserves each, as LockRun does, while the transaction runs, so a driver
+// that starts meanwhile finds it taken and a claimed run is no other
+// driver's), whose index entry is sound and says the run has not
+// finished. A claim held by another Open was left by a process that has
+// ended (the file lock keeps live ones out), and one of this Store whose
+// driver let go is nobody's: such runs are claimable at once. A damaged entry is not claimed (see the package
 // doc); an entry whose run finished or is gone (a file written by a
 // version that kept no queue) is removed. An agent name seams.ValidAgent
 // refuses is an error.
@@ -86,6 +87,9 @@ func (s *Store) ClaimRuns(ctx context.Context, agents []string, max int) ([]seam
 	if err != nil {
 		return nil, wrap("claim runs", err)
 	}
+	for _, c := range claims {
+		s.claims.add(c.RunID) // before the reservations are released
+	}
 	return claims, nil
 }
 
@@ -113,7 +117,7 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 	c := queue.Cursor()
 	for k, v := c.First(); k != nil && claims < max; k, v = c.Next() {
 		q, err := decodeQueued(k, v)
-		if err != nil || !wanted[q.Agent] || q.Owner == s.owner || q.RetryAt > now {
+		if err != nil || !wanted[q.Agent] || s.claims.has(string(k)) || q.RetryAt > now {
 			continue
 		}
 		runID := string(k)
@@ -129,7 +133,7 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 		}
 		release := func() {}
 		if reserve {
-			if release, err = s.LockRun(runID); err != nil {
+			if release, err = s.RunLocks.LockRun(runID); err != nil {
 				continue // a driver of this process holds it
 			}
 		} else if s.Held(runID) {
@@ -143,13 +147,15 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 
 // ReleaseRun implements seams.RunQueue. No other Store holds a run of this
 // file now (the file lock keeps other processes out), so only a driver of
-// this process keeps the run as it is: otherwise the claim is cleared and,
-// with a failure, the failure count goes up, the failure is kept as the
-// last error (cut to 4 KiB) and the run is claimable again after retry.
-// The run is reserved (RunLocks) while its entry is written. A run with no
-// queue entry (finished, or never queued) is left alone; a damaged entry
-// is an ErrCorrupt error (RequeueRun rewrites it). A negative retry is an
-// error.
+// this process keeps the run as it is: otherwise its claim (this Store's,
+// or an ended Open's) is cleared and, without a failure, it is claimable at
+// once (its retry time cleared); with one, the failure count goes up, the
+// failure is kept as the last error (cut to 4 KiB) and the run is
+// claimable again after retry. The run is reserved (RunLocks) while its
+// entry is written. A run no worker claims — finished, never queued, or
+// started without an agent (an entry holding only a cancel request) — is
+// left alone; a damaged entry is an ErrCorrupt error (RequeueRun rewrites
+// it). A negative retry is an error.
 func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retry time.Duration) error {
 	if err := s.writable(ctx); err != nil {
 		return err
@@ -160,20 +166,21 @@ func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retry tim
 	if retry < 0 {
 		return fmt.Errorf("kv: release run %q: the retry wait %v is negative (want 0 or more)", runID, retry)
 	}
-	release, err := s.LockRun(runID)
+	release, err := s.RunLocks.LockRun(runID)
 	if err != nil {
 		return nil // a driver of this process holds the run
 	}
 	defer release()
+	s.claims.drop(runID)
 	_, err = s.updateQueue(func(tx *bolt.Tx, queue, _ *bolt.Bucket, _ *[]func()) error {
 		q, err := readQueued(tx, runID)
 		switch {
 		case err != nil:
 			return err
-		case q == nil, q.Owner == "" && failure == "":
+		case q == nil, q.Agent == "", q.Owner == "" && failure == "" && q.RetryAt == 0:
 			return errNothing
 		}
-		q.Owner = ""
+		q.Owner, q.RetryAt = "", 0
 		if failure != "" {
 			q.Failures++
 			q.LastError = clip(failure, maxLastError)
@@ -200,9 +207,10 @@ func clip(s string, n int) string {
 
 // RequeueRun implements seams.RunQueue: the run's entry keeps its agent
 // and cancel request, and loses its claim (an Open's that has ended, or
-// this Store's when no driver took the run), failure count, last error
-// and retry time. It fails with seams.ErrRunLocked naming this Store's
-// Owner when a driver of this process holds the run. A queue entry that is
+// this Store's whose driver let go), failure count, last error and retry
+// time. It fails with seams.ErrRunLocked naming this Store's Owner when a
+// driver of this process holds the run, or this Store claimed it and no
+// driver has taken it yet (see claims). A queue entry that is
 // missing or damaged is written anew from the run's RunStarted: a cancel
 // request a damaged entry held is lost.
 func (s *Store) RequeueRun(ctx context.Context, runID string) error {
@@ -212,10 +220,11 @@ func (s *Store) RequeueRun(ctx context.Context, runID string) error {
 	if err := seams.ValidRunID(runID); err != nil {
 		return fmt.Errorf("kv: requeue run: %w", err)
 	}
-	release, held := s.LockRun(runID)
+	release, held := s.RunLocks.LockRun(runID)
 	if held == nil {
 		defer release()
 	}
+	claimed := s.claims.has(runID) // the reservation keeps a claim from starting or ending meanwhile
 	_, err := s.updateQueue(func(tx *bolt.Tx, queue, index *bolt.Bucket, undo *[]func()) error {
 		if err := s.unfinished(tx, index, runID); err != nil {
 			return err
@@ -233,6 +242,8 @@ func (s *Store) RequeueRun(ctx context.Context, runID string) error {
 			return seams.ErrNotQueued
 		case held != nil:
 			return fmt.Errorf("%w: a driver of this process (%s) holds it", seams.ErrRunLocked, s.owner)
+		case claimed:
+			return fmt.Errorf("%w: this Store (%s) claimed it for a worker that has not taken it yet", seams.ErrRunLocked, s.owner)
 		}
 		fresh := queueEntry{Agent: q.Agent, CancelBy: q.CancelBy, CancelAt: q.CancelAt}
 		if damaged != nil {

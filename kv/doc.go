@@ -229,33 +229,42 @@
 // ClaimRuns reads the queue, never the index or the log of every run, and
 // writes this Store's Owner into the entries it takes, in one
 // transaction, in run id order: entries of the named agents past their
-// retry time, not claimed by this Store, not held by a driver of this
-// process, whose runs' index entries are sound and unfinished (an entry
-// whose run finished or is gone — a version that kept no queue wrote it —
-// is removed). A claim reserves each run (seams.RunLocks) while its
-// transaction runs, so a driver starting meanwhile finds it taken rather
-// than both taking it. LockRun reserves in this process only, so it
-// succeeds for the Store that claimed the run. ReleaseRun clears the
-// claim, with a failure also counting it, keeping it (cut to 4 KiB) and
-// setting the retry time, unless a driver of this process holds the run.
-// RequeueRun clears claim, failures, last error and retry time. A claim
-// this Store made and nobody drove (a worker that neither drove nor gave
-// back what it claimed) stays until ReleaseRun, RequeueRun, the run's end
-// or the Store's Close.
+// retry time, not claimed by this Store and still waiting for a driver,
+// not held by a driver of this process, whose runs' index entries are
+// sound and unfinished (an entry whose run finished or is gone — a
+// version that kept no queue wrote it — is removed). A claim reserves
+// each run (seams.RunLocks) while its transaction runs, so a driver
+// starting meanwhile finds it taken rather than both taking it. LockRun
+// reserves in this process only, so it succeeds for the Store that
+// claimed the run; it ends the claim (the Store remembers its claims no
+// driver has taken yet in memory): the run is held while its driver
+// holds it, and nobody's once the driver lets go, so a worker claims it
+// again — the claimer's too, when another driver of the process took the
+// run first. ReleaseRun clears the claim in the file, and the retry time
+// (claimable at once) or, with a failure, counts it, keeps it (cut to
+// 4 KiB) and sets the retry time, unless a driver of this process holds
+// the run; a run started without an agent it leaves alone. RequeueRun
+// clears claim, failures, last error and retry time, and refuses a run
+// this Store claimed for a worker that has not taken it yet. A claim
+// this Store made and no driver took (a worker that neither drove nor
+// gave back what it claimed) stays until ReleaseRun, LockRun, the run's
+// end or the Store's Close.
 //
 // Runs and Describe fill each run's agent, queue and holder and call
 // seams.RunInfo.Liveness: held by a driver of this process or claimed by
-// this Store, a run is running, with this Owner and no expiry; claimed by
-// an ended Open, it names that Owner with LeaseExpires the time this
-// Store was opened (that hold ended no later), so it reads interrupted;
-// unheld, an agent's run is awaiting and any other interrupted.
+// this Store and not taken yet, a run is running, with this Owner and no
+// expiry; claimed by an ended Open, it names that Owner with LeaseExpires
+// the time this Store was opened (that hold ended no later), so it reads
+// interrupted; unheld (an entry naming this Owner whose driver let go
+// included), an agent's run is awaiting and any other interrupted.
 //
 // CancelRequested never reads the file: the Store mirrors the file's
 // cancel requests, loaded at Open and changed inside the transaction of
 // every write of an entry, put back when that transaction does not
 // commit; as no other process writes the file meanwhile, the mirror is
 // the file. RequestCancel names this Owner as the holder while a driver
-// of this process holds the run, else nobody.
+// of this process holds the run or this Store claimed it and no driver
+// has taken it yet, else nobody.
 //
 // A damaged queue entry (it fails its checksum or does not decode) is
 // damage in coordination, not in the run, and never stops anything for

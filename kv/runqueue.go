@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -144,6 +145,59 @@ func newOwner() string {
 // another Owner was left by an Open that has ended.
 func (s *Store) Owner() string { return s.owner }
 
+// claims are the runs this Store claimed that no driver has taken yet:
+// held for the worker that claimed them, which takes them at once (no
+// claim takes them again, RequestCancel names this Store, RequeueRun
+// refuses). A driver's LockRun ends the claim: the run is then held as
+// any driven run is, and nobody holds it once its driver lets go, so
+// another worker (or the claimer's, if another driver took the run
+// first) claims it again. ReleaseRun and DeleteRun end it too. The
+// file's entry keeps this Store's Owner until ReleaseRun or the run's
+// end: an entry naming this Owner whose run is neither claimed nor held
+// here is nobody's.
+type claims struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (c *claims) add(runID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]bool{}
+	}
+	c.m[runID] = true
+}
+
+func (c *claims) drop(runID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, runID)
+}
+
+func (c *claims) has(runID string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[runID]
+}
+
+// LockRun implements seams.RunLocker: it reserves runID in this process
+// (seams.RunLocks; the file lock keeps other processes out), so it
+// succeeds for the Store that claimed the run, and ends that claim (see
+// claims).
+func (s *Store) LockRun(runID string) (func(), error) {
+	release, err := s.RunLocks.LockRun(runID)
+	if err != nil {
+		return nil, err
+	}
+	s.claims.drop(runID)
+	return release, nil
+}
+
+// holds reports whether this Store holds runID: a driver of this process
+// has it, or this Store claimed it and no driver has taken it yet.
+func (s *Store) holds(runID string) bool { return s.Held(runID) || s.claims.has(runID) }
+
 // errNothing ends a queue transaction that has nothing to write: it is
 // rolled back, costing no commit.
 var errNothing = errors.New("kv: nothing to write")
@@ -268,8 +322,9 @@ func (s *Store) Describe(ctx context.Context, runID string) (RunInfo, error) {
 
 // coordinate fills info's coordination from the run's queue entry q (nil:
 // none; damaged: its damage) and this process's hold, then its liveness at
-// now. A driver of this process, or a claim of this Store, holds the run
-// for as long as this Store is open (no expiry). A claim of another Open
+// now. A driver of this process, or a claim of this Store no driver has
+// taken yet, holds the run for as long as this Store is open (no expiry);
+// once the driver lets go nobody does. A claim of another Open
 // was held by a process that has ended no later than this Store was
 // opened: that is its LeaseExpires, so the run reads interrupted. A
 // damaged entry leaves the agent and holder unknown (the run reads
@@ -285,14 +340,12 @@ func (s *Store) coordinate(info *RunInfo, q *queueEntry, damaged error, now time
 		}
 		info.CancelRequested = q.request()
 		switch q.Owner {
-		case "":
-		case s.owner:
-			info.Owner = s.owner
+		case "", s.owner: // this Store's: held only while claimed or driven (below)
 		default:
 			info.Owner, info.LeaseExpires = q.Owner, s.opened
 		}
 	}
-	if s.Held(info.RunID) {
+	if s.holds(info.RunID) {
 		info.Owner, info.LeaseExpires = s.owner, time.Time{}
 	}
 	info.Liveness(now)

@@ -113,9 +113,11 @@ type Store struct {
 
 	// The queue (runqueue.go): this Open's name in the entries of the runs
 	// it claims, when it was opened (the claims of every other Open ended
-	// no later), and the file's cancel requests, mirrored.
+	// no later), the runs it claimed that no driver has taken yet, and
+	// the file's cancel requests, mirrored.
 	owner   string
 	opened  time.Time
+	claims  claims
 	cancels cancels
 
 	// Group commit, leader-based: appenders queue under mu; one of them is

@@ -69,6 +69,12 @@ func TestStoreKeepsTheRunLeaseContract(t *testing.T) {
 	})
 }
 
+// TestStoreKeepsTheRunQueueContract: one process holds a kv file, so
+// there is no second store with an owner of its own.
+func TestStoreKeepsTheRunQueueContract(t *testing.T) {
+	proptest.RunQueueContract(t, func(t *testing.T) proptest.QueueStore { return openTemp(t, kv.Options{}) }, nil)
+}
+
 func TestFileIsCreatedWithMode0600(t *testing.T) {
 	s := openTemp(t, kv.Options{})
 	fi, err := os.Stat(s.Path())

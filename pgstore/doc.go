@@ -169,8 +169,8 @@
 //     failure the run is claimable at once; with one, failures goes up,
 //     last_error keeps it (valid UTF-8, cut at events.MaxEnvErrorBytes),
 //     and retry_at is now plus the delay, by the server's clock. A run
-//     another worker holds, or a driver of this store, or a finished one,
-//     is left as it is.
+//     another worker holds, or a driver of this store, a finished one, or
+//     one started without an agent, is left as it is.
 //   - Requeueing: RequeueRun clears retry_at, failures, last_error and a
 //     lease that ran out, in one conditional UPDATE; a refusal is
 //     explained by reading the row (seams.ErrNoRun, seams.ErrRunFinished,
@@ -196,7 +196,9 @@
 //     an operator sees which worker died, until another takes the run or
 //     it is given back), failures, last error, retry time and cancel
 //     request, and set the status with seams.RunInfo.Liveness against the
-//     server's now, read in the same statement.
+//     server's now, read in the same statement. A finished run has left
+//     the queue: it is listed without any of them (the row keeps its
+//     agent and failures, moot), as kv lists it.
 //
 // # Reading
 //

@@ -55,14 +55,15 @@ func queueQueries(sub func(string) string, q *queries) {
 	WHERE run_id IN (SELECT run_id FROM (SELECT run_id, 0 AS k FROM free UNION ALL SELECT run_id, 1 FROM expired) t ORDER BY k LIMIT $2)
 	RETURNING run_id, agent, first_event)
 SELECT run_id, agent FROM c ORDER BY first_event, run_id`)
-	// Run $1 given back by owner $2 (or already released): without a
-	// failure ($3 null) claimable at once; with one, recorded, counted,
-	// and claimable again $4 microseconds from now.
+	// Run $1 given back by owner $2 (or already released), when it is
+	// unfinished and queued: without a failure ($3 null) claimable at
+	// once; with one, recorded, counted, and claimable again $4
+	// microseconds from now.
 	q.giveBack = sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL,
 	failures = failures + CASE WHEN $3::text IS NULL THEN 0 ELSE 1 END,
 	last_error = coalesce($3::text, last_error),
 	retry_at = CASE WHEN $3::text IS NULL THEN NULL ELSE now() + $4::bigint * interval '1 microsecond' END
-WHERE run_id = $1 AND status = 'running' AND (lease_owner IS NULL OR lease_owner = $2)`)
+WHERE run_id = $1 AND status = 'running' AND agent IS NOT NULL AND (lease_owner IS NULL OR lease_owner = $2)`)
 	// Run $1 handed back to the workers by an operator, when it is queued,
 	// unfinished and nobody live holds it.
 	q.requeue = sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL, failures = 0, last_error = NULL, retry_at = NULL
@@ -84,8 +85,17 @@ RETURNING cancel_by, cancel_at, CASE WHEN lease_expires > now() THEN lease_owner
 }
 
 // coordColumns are a runs row's coordination columns in the order
-// coordScan takes them: what a listing shows beside the run's entry.
-var coordColumns = "agent, lease_owner, lease_expires, failures, last_error, retry_at, " + cancelColumns("")
+// coordScan takes them: what a listing shows beside the run's entry. A
+// finished run has left the queue: its columns read null (an agent,
+// failures and last error the row keeps from before are moot), as kv,
+// which removes a finished run's queue entry, lists it.
+var coordColumns = func() string {
+	var cols []string
+	for _, c := range []string{"agent", "lease_owner", "lease_expires", "failures", "last_error", "retry_at"} {
+		cols = append(cols, "CASE WHEN status = 'running' THEN "+c+" END AS "+c)
+	}
+	return strings.Join(cols, ", ") + ", " + cancelColumns("")
+}()
 
 // coordNulls stands for coordColumns where a listing has no row.
 const coordNulls = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
@@ -183,8 +193,9 @@ func (s *Store) ClaimRuns(ctx context.Context, agents []string, max int) ([]seam
 // UTF-8, at most events.MaxEnvErrorBytes, cut and marked with "…"), and it
 // is claimable again after retry by the server's clock. A run another
 // worker holds, one a driver of this store still holds (its LockRun not
-// released), a finished run and a run the store does not hold are left as
-// they are (nil error); a negative retry is an error.
+// released), a finished run, a run started without an agent and a run the
+// store does not hold are left as they are (nil error); a negative retry
+// is an error.
 func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retryAfter time.Duration) error {
 	if s.readOnly {
 		return ErrReadOnly

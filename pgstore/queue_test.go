@@ -301,8 +301,8 @@ func TestAFinishedRunLeavesTheQueue(t *testing.T) {
 // TestReleaseRun: a run given back without a failure is claimable at
 // once; with one, its failure is counted and kept and it is claimable
 // again only after the retry delay. A run another worker or a driver of
-// this store holds is left alone, and so are a finished run and one never
-// written; a negative delay is refused.
+// this store holds is left alone, and so are a finished run, one started
+// without an agent and one never written; a negative delay is refused.
 func TestReleaseRun(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgstore.Options{})
@@ -425,6 +425,15 @@ func TestReleaseRun(t *testing.T) {
 			t.Errorf("the refused release wrote: %+v", info)
 		}
 	})
+	t.Run("a run without an agent", func(t *testing.T) {
+		startRun(t, s, "plain", "")
+		if err := s.ReleaseRun(ctx, "plain", "boom", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if info := described(t, s, "plain"); info.Failures != 0 || info.LastError != "" || !info.RetryAt.IsZero() {
+			t.Errorf("a run no worker claims, given back: %+v, want nothing recorded", info)
+		}
+	})
 }
 
 // TestRequeueRun: an operator's resume clears a run's retry time, failure
@@ -459,7 +468,13 @@ func TestRequeueRun(t *testing.T) {
 		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("requeue of %s: %v, want %v naming %q", c.run, err, c.want, c.says)
 		}
-		if c.want != seams.ErrNoRun {
+		switch c.want {
+		case seams.ErrNoRun:
+		case seams.ErrRunFinished: // listed without queue state: read the row
+			if failures, lastError := failuresOf(t, s, c.run); failures != 2 || lastError != "kept" {
+				t.Errorf("the refused requeue of %s changed its row: %d failures, last error %q", c.run, failures, lastError)
+			}
+		default:
 			if after := described(t, s, c.run); after.Owner != before.Owner || after.Failures != 2 || after.LastError != "kept" || !after.RetryAt.Equal(before.RetryAt) {
 				t.Errorf("the refused requeue of %s changed it: %+v, was %+v", c.run, after, before)
 			}
@@ -482,6 +497,27 @@ func TestRequeueRun(t *testing.T) {
 	if got := claimed(t, other, []string{"a"}, 10); !slices.Equal(got, []string{"stuck"}) {
 		t.Fatalf("claim after the requeue: %q", got)
 	}
+}
+
+// failuresOf is run id's failures and last_error columns, read from its
+// row (a listing shows none for a finished run).
+func failuresOf(t *testing.T, s *pgstore.Store, id string) (failures int, lastError string) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var text *string
+	err = conn.QueryRow(context.Background(), `SELECT failures, last_error FROM `+pgx.Identifier{s.Schema(), "runs"}.Sanitize()+
+		` WHERE run_id = $1`, id).Scan(&failures, &text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text != nil {
+		lastError = *text
+	}
+	return failures, lastError
 }
 
 // withoutServer runs fn while the runs table is locked against every
@@ -667,8 +703,8 @@ func TestCancelRequestedOfAHeldRunCostsNoRoundTrip(t *testing.T) {
 // coordination — agent, holder (the last one's owner and expiry even
 // once it ran out), failures, retry time, cancel request — and its
 // liveness by the server's clock: running, awaiting, interrupted (a
-// holder's lease ran out; a run without an agent nobody holds), finished,
-// corrupt.
+// holder's lease ran out; a run without an agent nobody holds), finished
+// (with no coordination: it left the queue), corrupt.
 func TestListingsShowLiveness(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgstore.Options{})
@@ -728,9 +764,13 @@ func TestListingsShowLiveness(t *testing.T) {
 	}
 	for _, c := range cases {
 		d := described(t, s, c.id)
+		agent := c.agent
+		if c.status == seams.StatusFinished {
+			agent = "" // it left the queue: no worker pool claims it
+		}
 		for how, info := range map[string]seams.RunInfo{"Runs": listed[c.id], "Describe": d} {
-			if info.Status != c.status || info.Agent != c.agent || info.Owner != c.owner || c.check != nil && !c.check(info) {
-				t.Errorf("%s of %s: %+v; want %s, agent %q, owner %q", how, c.id, info, c.status, c.agent, c.owner)
+			if info.Status != c.status || info.Agent != agent || info.Owner != c.owner || c.check != nil && !c.check(info) {
+				t.Errorf("%s of %s: %+v; want %s, agent %q, owner %q", how, c.id, info, c.status, agent, c.owner)
 			}
 		}
 	}

@@ -945,9 +945,9 @@ func deref(p *string) any {
 // as kv lists them: loading the run reports the damage. Each entry
 // carries its coordination — agent, lease (the last holder's owner and
 // expiry stay visible after it expired, until another takes the run or
-// it is given back), failures, retry time, cancel request — and its
-// liveness (seams.RunInfo.Liveness) by the server's clock as of the
-// statement.
+// it is given back), failures, retry time, cancel request; none for a
+// finished run — and its liveness (seams.RunInfo.Liveness) by the
+// server's clock as of the statement.
 func (s *Store) Runs(ctx context.Context) ([]seams.RunInfo, error) {
 	return retry(ctx, func() ([]seams.RunInfo, error) { return s.runs(ctx) })
 }

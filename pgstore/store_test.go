@@ -54,3 +54,12 @@ func TestRunLeaseContract(t *testing.T) {
 		return out, func(i int) { pgstore.StopRenewing(fleet[i]) }
 	})
 }
+
+// TestRunQueueContract: the second store is another process's view of the
+// schema, with its own owner.
+func TestRunQueueContract(t *testing.T) {
+	proptest.RunQueueContract(t, func(t *testing.T) proptest.QueueStore { return open(t, pgstore.Options{}) },
+		func(t *testing.T, s proptest.QueueStore) proptest.QueueStore {
+			return open(t, pgstore.Options{Schema: s.(*pgstore.Store).Schema()})
+		})
+}

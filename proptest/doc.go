@@ -4,7 +4,10 @@
 // Exported, for any test: RunStoreContract, the contract suite every
 // seams.RunStore implementation runs against itself (RunTailerContract
 // within it, for a seams.RunTailer); RunDeleterContract, the same for
-// seams.RunDeleter; CorruptionContract, how a store reports each kind of
+// seams.RunDeleter; RunLeaseContract, how run reservations behave among
+// several drivers; RunQueueContract, the rules of a worker pool's queue
+// (seams.RunQueue, seams.RunCanceller, seams.RunDescriber) that every
+// QueueStore keeps alike; CorruptionContract, how a store reports each kind of
 // damage it can suffer; AppendEach, a stream written event by event;
 // SoundStream and FailedModelCall, sample streams holding every record
 // shape; LongReplyStream, a sound stream whose first step a store may keep

@@ -10,34 +10,52 @@ import (
 // worker). A run started with an agent name (events.RunStarted.Agent) is
 // queued in the store's index until it finishes; a worker claims the
 // queued runs of the agents it knows that nobody holds, drives them, and
-// gives back the ones it stops driving. kv.Store and pgstore.Store
-// implement it; proptest.RunQueueContract checks an implementation.
+// gives back the ones it stops driving. A finished run has left the
+// queue: listings (RunReader.Runs, RunDescriber) show no coordination for
+// it — no agent, holder, failures, last error, retry time or cancel
+// request. kv.Store and pgstore.Store implement it;
+// proptest.RunQueueContract checks an implementation.
 type RunQueue interface {
 	RunLocker
 	// ClaimRuns takes for this store up to max claimable runs of the named
-	// agents, in an order of the store's choosing: runs queued and not finished that nobody holds
-	// (never claimed, given back, or whose holder's lease ran out; on a
-	// store whose holds last as long as the process, held by no driver of
-	// this one) and whose retry time has come. A claimed run is held for
+	// agents, in an order of the store's choosing: runs queued and not
+	// finished that nobody holds (never claimed, given back, or whose
+	// holder's lease ran out; on a store whose holds last as long as the
+	// process, held by no driver of this one) and whose retry time has
+	// come. A claimed run is held for
 	// this store as LockRun holds it on the store's own record (pgstore
 	// writes its lease, kv its owner), so no other worker claims it; the
 	// worker then drives it — engine.Resume takes it with LockRun, which
 	// succeeds for the store that claimed it — or gives it back with
-	// ReleaseRun. A claim reads an index of the claimable runs, never
-	// every run. An empty agents or a max under 1 claims nothing.
+	// ReleaseRun. Until a driver takes it the claim holds it as a driver
+	// would: RequestCancel names this store as its holder, RequeueRun
+	// refuses it, listings show it running. The first LockRun of the run
+	// through this store ends the claim: the run is held while that
+	// driver holds it and by nobody once it lets go (awaiting, claimable
+	// again, by the claimer too when another driver took the run first).
+	// Where several stores share one backing store (pgstore), a run one
+	// claimed is no other's to claim or lock. A claim reads an index of
+	// the claimable runs, never every run. An empty agents or a max under
+	// 1 claims nothing; an agent name ValidAgent refuses is an error.
 	ClaimRuns(ctx context.Context, agents []string, max int) ([]Claim, error)
-	// ReleaseRun gives back a run this store claimed and no longer drives.
-	// With an empty failure the run is claimable at once (a worker that
-	// shuts down); otherwise failure is recorded as the run's last error,
-	// its failure count goes up, and it is claimable again after retry.
-	// A run another store holds now is left as it is (nil error).
+	// ReleaseRun gives back a run this store claimed and no longer drives
+	// (its driver let go, or never took it). With an empty failure the run
+	// is claimable at once (a worker that shuts down): its retry time is
+	// cleared, its failure count and last error kept; otherwise failure
+	// is recorded as the run's last error, its failure count goes up, and
+	// it is claimable again after retry. A run a driver of this store
+	// holds, one another store holds now, a finished run, a run started
+	// without an agent and a run the store does not hold are left as they
+	// are (nil error, nothing written). A negative retry is an error.
 	ReleaseRun(ctx context.Context, runID, failure string, retry time.Duration) error
 	// RequeueRun hands an interrupted run to the workers now (an
 	// operator's resume): its retry time, failure count and last error are
 	// cleared, and so is a holder whose lease ran out. It fails with
 	// ErrNoRun for a run the store does not hold, ErrRunFinished for a
 	// finished one, ErrNotQueued for a run started without an agent, and
-	// ErrRunLocked (naming the holder) for a run a live driver holds.
+	// ErrRunLocked (naming the holder) for a run a live driver holds or a
+	// live claim holds for its driver; each writes nothing. A cancel
+	// request stays.
 	RequeueRun(ctx context.Context, runID string) error
 }
 
@@ -66,18 +84,21 @@ type Claim struct {
 type RunCanceller interface {
 	// RequestCancel records, durably, that runID is to be cancelled and by
 	// whom (an opaque name), unless a request is recorded already (the
-	// first one stays). It returns the run's holder, or "" when nobody
-	// holds it: then nobody will see the request until the run is taken,
-	// and the caller may finish the run itself. It fails with ErrNoRun
-	// for a run the store does not hold and ErrRunFinished for a finished
-	// one, writing nothing.
+	// first one stays). It returns the run's holder — a live driver's, or
+	// a claim's whose worker has not taken the run yet (it takes it at
+	// once and sees the request) — or "" when nobody holds it: then nobody
+	// will see the request until the run is taken, and the caller may
+	// finish the run itself. It fails with ErrNoRun for a run the store
+	// does not hold and ErrRunFinished for a finished one, writing
+	// nothing.
 	RequestCancel(ctx context.Context, runID, by string) (holder string, err error)
 	// CancelRequested returns the request recorded for runID, nil when
 	// there is none. For a run this store holds it answers without a
 	// round trip to a server: from what taking the run, its last append
 	// or its last lease renewal read back, so a request recorded before
 	// the append of an action's intent committed is seen before the
-	// action executes, and one recorded through this store at once.
+	// action executes, and one recorded through this store at once. A
+	// finished run, and a run never written, have none.
 	CancelRequested(ctx context.Context, runID string) (*CancelRequest, error)
 }
 

@@ -16,7 +16,8 @@ import (
 const MemOwner = "memstore"
 
 // queued is a MemStore's queue entry for a run: started for an agent, or
-// with a cancel request.
+// with a cancel request. claimed: the store claimed the run and no driver
+// has taken it yet (LockRun ends the claim).
 type queued struct {
 	agent     string
 	claimed   bool
@@ -48,10 +49,19 @@ func (m *MemStore) noteQueue(runID string, evs []events.Event) {
 	}
 }
 
-// ClaimRuns implements seams.RunQueue, in run id order.
+// ClaimRuns implements seams.RunQueue, in run id order. An agent name
+// seams.ValidAgent refuses is an error.
 func (m *MemStore) ClaimRuns(ctx context.Context, agents []string, max int) ([]seams.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if len(agents) == 0 || max < 1 {
+		return nil, nil
+	}
+	for _, a := range agents {
+		if err := seams.ValidAgent(a); err != nil {
+			return nil, fmt.Errorf("memstore: claim runs: %w", err)
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -71,18 +81,44 @@ func (m *MemStore) ClaimRuns(ctx context.Context, agents []string, max int) ([]s
 	return out, nil
 }
 
-// ReleaseRun implements seams.RunQueue.
+// LockRun implements seams.RunLocker (seams.RunLocks): it succeeds for a
+// run this store claimed, and ends the claim, so nobody holds the run
+// once its driver lets go.
+func (m *MemStore) LockRun(runID string) (func(), error) {
+	release, err := m.RunLocks.LockRun(runID)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if q := m.queue[runID]; q != nil {
+		q.claimed = false
+	}
+	m.mu.Unlock()
+	return release, nil
+}
+
+// holds reports whether this store holds runID: a driver has it, or it was
+// claimed and no driver has taken it yet. m.mu is held.
+func (m *MemStore) holds(runID string) bool {
+	q := m.queue[runID]
+	return m.Held(runID) || q != nil && q.claimed
+}
+
+// ReleaseRun implements seams.RunQueue. A negative retry is an error.
 func (m *MemStore) ReleaseRun(ctx context.Context, runID, failure string, retry time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if retry < 0 {
+		return fmt.Errorf("memstore: release run %q: the retry wait %v is negative (want 0 or more)", runID, retry)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	q := m.queue[runID]
-	if q == nil || m.Held(runID) {
+	if q == nil || q.agent == "" || m.Held(runID) {
 		return nil
 	}
-	q.claimed = false
+	q.claimed, q.retryAt = false, time.Time{}
 	if failure != "" {
 		q.failures++
 		q.lastError, q.retryAt = failure, time.Now().Add(retry)
@@ -104,7 +140,7 @@ func (m *MemStore) RequeueRun(ctx context.Context, runID string) error {
 	switch {
 	case q == nil || q.agent == "":
 		return fmt.Errorf("requeue run %q: %w", runID, seams.ErrNotQueued)
-	case m.Held(runID):
+	case m.holds(runID):
 		return fmt.Errorf("requeue run %q: %w by %s", runID, seams.ErrRunLocked, MemOwner)
 	}
 	*q = queued{agent: q.agent, cancel: q.cancel}
@@ -145,7 +181,7 @@ func (m *MemStore) RequestCancel(ctx context.Context, runID, by string) (string,
 	if q.cancel == nil {
 		q.cancel = &seams.CancelRequest{By: by, At: time.Now()}
 	}
-	if m.Held(runID) {
+	if m.holds(runID) {
 		return MemOwner, nil
 	}
 	return "", nil
@@ -187,11 +223,8 @@ func (m *MemStore) describe(runID string) seams.RunInfo {
 			r := *q.cancel
 			info.CancelRequested = &r
 		}
-		if q.claimed {
-			info.Owner = MemOwner
-		}
 	}
-	if m.Held(runID) {
+	if m.holds(runID) {
 		info.Owner = MemOwner
 	}
 	info.Liveness(time.Now())

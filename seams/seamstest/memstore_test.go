@@ -25,6 +25,10 @@ func TestMemStoreKeepsTheRunLeaseContract(t *testing.T) {
 	})
 }
 
+func TestMemStoreKeepsTheRunQueueContract(t *testing.T) {
+	proptest.RunQueueContract(t, func(*testing.T) proptest.QueueStore { return new(seamstest.MemStore) }, nil)
+}
+
 func TestMemStoreKeepsTheRunDeleterContract(t *testing.T) {
 	proptest.RunDeleterContract(t, func(*testing.T) proptest.DeletingStore { return new(seamstest.MemStore) })
 }
