@@ -136,6 +136,13 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 			if release, err = s.RunLocks.LockRun(runID); err != nil {
 				continue // a driver of this process holds it
 			}
+			// Asked again with the reservation held: a claim that
+			// committed since this one looked notes its runs before it
+			// lets them go, so a run reserved here now is known claimed.
+			if s.claims.has(runID) {
+				release()
+				continue
+			}
 		} else if s.Held(runID) {
 			continue
 		}
