@@ -80,10 +80,10 @@ func BenchmarkPool(b *testing.B) {
 			return []seams.RunStore{s, s, s}
 		}},
 		{"postgres", func(b *testing.B) []seams.RunStore {
-			url := pgtest.StoreURL(b)
+			dsn, schema := pgtest.DurableDSN(b), pgtest.Schema(b)
 			var out []seams.RunStore
 			for range 3 {
-				s, err := pgstore.Open(context.Background(), url, pgstore.Options{MaxConns: 16})
+				s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{Schema: schema, MaxConns: 16})
 				if err != nil {
 					b.Fatal(err)
 				}
