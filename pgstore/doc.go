@@ -146,18 +146,21 @@
 // the run's data, so they are outside the row's checksum.
 //
 //   - Claiming: ClaimRuns is one statement: an UPDATE that leases to this
-//     store (its owner, an expiry of now plus the term) the runs a
-//     sub-select picks — unfinished, started for one of the agents named,
-//     no live lease, retry time come — oldest first (by first event), at
-//     most max, FOR UPDATE SKIP LOCKED: concurrent claimers skip each
-//     other's rows instead of waiting for them, and never get one run
-//     twice. The sub-select reads the partial index runs_claimable
-//     (agent, first_event) WHERE status = 'running' AND agent IS NOT NULL.
-//     A run leaves that index in the statement of the append that
-//     finishes it, so a claim reads the unfinished runs of its agents
-//     (those live workers hold are read and skipped), never a finished
-//     run, however many there are; a run started without an agent is
-//     never in it.
+//     store (its owner, an expiry of now plus the term) the runs two
+//     sub-selects pick — unfinished, started for one of the agents named,
+//     retry time come, and either free (no lease) or with a lease that ran
+//     out; free ones first, at most max, each FOR UPDATE SKIP LOCKED:
+//     concurrent claimers skip each other's rows instead of waiting for
+//     them, and never get one run twice. The sub-selects read two ranges
+//     of the partial index runs_claimable (lease_expires NULLS FIRST)
+//     WHERE status = 'running' AND agent IS NOT NULL: the free runs (a
+//     NULL expiry) and those whose expiry is past. A run leaves that index
+//     in the statement of the append that finishes it, so a claim reads
+//     the claimable runs only — never a run a live worker holds, never a
+//     finished run, however many there are; a run started without an
+//     agent is never in it. A run a driver of this store is letting go of
+//     (its lease already given back, its reservation not yet forgotten) is
+//     skipped: its claim could not be locked.
 //   - Driving a claim: a claimed run is held as LockRun holds it, and
 //     taking a lease accepts the store's own owner, so the claimer's
 //     LockRun succeeds and any other store's is refused. The claim's lease
