@@ -58,6 +58,9 @@ func Start(ctx context.Context, def Definition, req Request) (events.Envelope, e
 		return events.Envelope{}, fmt.Errorf("engine: start run %q: %w", req.RunID, context.Cause(ctx))
 	}
 	d := newDriver(def, req, ulid.ULID{})
+	// Start holds nothing: a cancel request that comes as it writes is
+	// carried out by whoever takes the run (Cancel itself, or a worker).
+	d.holdsNothing = true
 	if _, err := d.drive(context.WithoutCancel(ctx), newMachine(cfg)); err != nil && !errors.Is(err, ErrInterrupted) {
 		return events.Envelope{}, err
 	}
@@ -172,6 +175,9 @@ type driver struct {
 	// every append names it, so a driver whose tail another writer moved
 	// fails its next append and stops.
 	tail ulid.ULID
+	// holdsNothing: the driver writes a run it has not reserved (Start),
+	// and leaves cancel requests to whoever takes the run.
+	holdsNothing bool
 	// started is the run's RunStarted when this driver wrote it.
 	started events.Envelope
 	// cancelRun cancels the run's context (drive sets it).
@@ -211,7 +217,7 @@ func (d *driver) interrupted() bool {
 // store that cannot tell leaves the run as it is: what it did not see, it
 // sees at the next input.
 func (d *driver) cancelIfRequested(ctx context.Context) {
-	if d.cancelRun == nil || ctx.Err() != nil {
+	if d.cancelRun == nil || d.holdsNothing || ctx.Err() != nil {
 		return
 	}
 	c, ok := d.def.Store.(seams.RunCanceller)

@@ -257,3 +257,33 @@ func TestACancelSeenAtTheInterruptsBoundaryEndsTheRun(t *testing.T) {
 		t.Fatalf("Run: %v %+v, want the run ended cancelled", err, res.StopReason)
 	}
 }
+
+// cancelOnStart records an operator's cancel request as the run's
+// RunStarted commits: a Cancel racing the Submit that wrote the run.
+type cancelOnStart struct{ *seamstest.MemStore }
+
+func (s cancelOnStart) Append(ctx context.Context, runID string, after ulid.ULID, evs ...events.Event) ([]events.Envelope, error) {
+	envs, err := s.MemStore.Append(ctx, runID, after, evs...)
+	if err == nil && evs[0].Kind() == events.KindRunStarted {
+		s.RequestCancel(ctx, runID, "ops")
+	}
+	return envs, err
+}
+
+// TestStartLeavesACancelRequestToWhoeverTakesTheRun: Start holds nothing,
+// so a cancel request that comes as it writes is not its to carry out —
+// the operator's Cancel, or the worker that claims the run, ends it. Start
+// reports the run it wrote, and writes nothing more.
+func TestStartLeavesACancelRequestToWhoeverTakesTheRun(t *testing.T) {
+	store := cancelOnStart{&seamstest.MemStore{}}
+	a := newAgent(store, "r", seamstest.Replies("FINAL: done")...)
+	if _, err := engine.Start(context.Background(), a.def, a.req); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if log := soundLog(t, store, "r"); kindsOf(log) != "run_started" {
+		t.Fatalf("after Start the run holds %s, want RunStarted alone", kindsOf(log))
+	}
+	if c, err := engine.Cancel(context.Background(), store, "r", "ops"); err != nil || c.Result == nil || c.Result.StopReason != events.StopCancelled {
+		t.Fatalf("the operator's Cancel: %+v %v, want the run ended cancelled", c, err)
+	}
+}
