@@ -152,13 +152,14 @@
 //     out; free ones first, at most max, each FOR UPDATE SKIP LOCKED:
 //     concurrent claimers skip each other's rows instead of waiting for
 //     them, and never get one run twice. The sub-selects read two ranges
-//     of the partial index runs_claimable (lease_expires NULLS FIRST)
-//     WHERE status = 'running' AND agent IS NOT NULL: the free runs (a
-//     NULL expiry) and those whose expiry is past. A run leaves that index
-//     in the statement of the append that finishes it, so a claim reads
-//     the claimable runs only — never a run a live worker holds, never a
-//     finished run, however many there are; a run started without an
-//     agent is never in it. A run a driver of this store is letting go of
+//     of each named agent in the partial index runs_claimable (agent,
+//     lease_expires NULLS FIRST) WHERE status = 'running' AND agent IS NOT
+//     NULL: the free runs (a NULL expiry) and those whose expiry is past.
+//     A run leaves that index in the statement of the append that
+//     finishes it, so a claim reads its agents' claimable runs only —
+//     never another agent's queue, a run a live worker holds or a finished
+//     run, however many there are (runs waiting out a retry are read and
+//     skipped); a run started without an agent is never in it. A run a driver of this store is letting go of
 //     (its lease already given back, its reservation not yet forgotten) is
 //     skipped: its claim could not be locked.
 //   - Driving a claim: a claimed run is held as LockRun holds it, and

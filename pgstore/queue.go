@@ -40,7 +40,6 @@ func queueQueries(sub func(string) string, q *queries) {
 	SELECT run_id FROM {{schema}}.runs
 	WHERE status = 'running' AND agent IS NOT NULL AND lease_expires IS NULL
 		AND agent = ANY($1::text[]) AND (retry_at IS NULL OR retry_at <= now()) AND run_id <> ALL($5::text[])
-	ORDER BY lease_expires NULLS FIRST
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ), expired AS (

@@ -783,13 +783,14 @@ func TestListingsShowLiveness(t *testing.T) {
 	}
 }
 
-// TestAClaimReadsOnlyUnfinishedRuns: beside 100,000 finished runs, a
-// claim — planned as the store's sessions plan it (a generic plan), with
-// the table analysed or not yet — reads the partial index of unfinished
-// runs with an agent, never the table's other rows: it touches a few
-// pages, not the thousands the finished rows fill. (The finished rows are
-// written by SQL, as finished runs' rows look, for speed; BenchmarkClaim
-// writes real ones.)
+// TestAClaimReadsOnlyUnfinishedRuns: beside 100,000 finished runs, 20,000
+// queued runs of another agent and 5,000 of its own agent's runs that live
+// workers hold, a claim — planned as the store's sessions plan it (a
+// generic plan), with the table analysed or not yet — reads the claimable
+// ranges of the partial index, never the table's other rows: it touches a
+// few pages, not the thousands the other rows fill. (Those rows are
+// written by SQL, as such runs' rows look, for speed; BenchmarkClaim
+// writes real finished runs.)
 func TestAClaimReadsOnlyUnfinishedRuns(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgstore.Options{})
@@ -797,6 +798,14 @@ func TestAClaimReadsOnlyUnfinishedRuns(t *testing.T) {
 SELECT 'f' || i, 'finished', 1, 5, 'agent_finished', now() - interval '1 day', now() - interval '1 day',
 	decode(lpad(to_hex(i), 32, '0'), 'hex'), 0, 'a'
 FROM generate_series(1, 100000) AS i`)
+	// Unfinished runs a claim for agent a must not read either: another
+	// agent's queue, and a's runs that live workers hold.
+	exec(t, s.Schema(), `INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc, agent)
+SELECT 'b' || i, 'running', 1, 5, '', now(), now(), decode(lpad(to_hex(i), 32, '0'), 'hex'), 0, 'b'
+FROM generate_series(1, 20000) AS i`)
+	exec(t, s.Schema(), `INSERT INTO {{schema}}.runs (run_id, status, steps, events, stop_reason, first_event, last_event, last_id, crc, agent, lease_owner, lease_expires)
+SELECT 'h' || i, 'running', 1, 5, '', now(), now(), decode(lpad(to_hex(i), 32, '0'), 'hex'), 0, 'a', 'live-worker', now() + interval '1 hour'
+FROM generate_series(1, 5000) AS i`)
 	for i := range 10 {
 		startRun(t, s, fmt.Sprintf("q%d", i), "a")
 	}

@@ -17,11 +17,13 @@ ALTER TABLE {{schema}}.runs
 	ADD COLUMN cancel_at  timestamptz,
 	ADD CONSTRAINT runs_cancel_whole CHECK ((cancel_by IS NULL) = (cancel_at IS NULL));
 
--- What a claim reads: the unfinished runs with an agent, by their lease's
--- expiry, free ones (NULL) first. A claim reads two ranges of it — the
--- free runs, and the runs whose lease has run out — so it visits the
--- claimable runs only, never the runs a live worker holds nor a finished
--- run (a finished run leaves this index in the transaction of the append
--- that finishes it), however many there are.
-CREATE INDEX runs_claimable ON {{schema}}.runs (lease_expires NULLS FIRST)
+-- What a claim reads: the unfinished runs with an agent, by agent, then by
+-- their lease's expiry, free ones (NULL) first. A claim reads two ranges
+-- of each of its agents — the free runs, and the runs whose lease has run
+-- out — so it visits its agents' claimable runs only, never another
+-- agent's queue, nor the runs a live worker holds, nor a finished run (a
+-- finished run leaves this index in the transaction of the append that
+-- finishes it), however many there are. (Runs waiting out a retry are
+-- read and skipped.)
+CREATE INDEX runs_claimable ON {{schema}}.runs (agent, lease_expires NULLS FIRST)
 	WHERE status = 'running' AND agent IS NOT NULL;
