@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/polyloop/polyloop/seams"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
@@ -269,7 +270,7 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		return fail(fmt.Errorf("%w: %s: bbolt refused it: %v", ErrCorrupt, path, err))
 	}
 	s := &Store{db: db, file: f, path: path, readOnly: o.ReadOnly, maxGroup: o.MaxGroup, report: rep, clock: time.Now, yield: runtime.Gosched,
-		owner: newOwner(), opened: time.Now()}
+		owner: seams.NewOwner(""), opened: time.Now()}
 	if s.maxGroup <= 0 {
 		s.maxGroup = DefaultMaxGroup
 	}

@@ -2,13 +2,10 @@ package kv
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"os"
 	"sync"
 	"time"
 
@@ -124,19 +121,6 @@ func (q *queueEntry) request() *seams.CancelRequest {
 		return nil
 	}
 	return &seams.CancelRequest{By: q.CancelBy, At: time.Unix(0, q.CancelAt)}
-}
-
-// newOwner is a Store's name in the queue entries of the runs it claims:
-// host and process id, and a random suffix so that no two Opens of a file
-// share one.
-func newOwner() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown-host"
-	}
-	var r [4]byte
-	rand.Read(r[:])
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(r[:]))
 }
 
 // Owner is this Store's name in the queue entries of the runs it claims

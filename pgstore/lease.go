@@ -2,11 +2,8 @@ package pgstore
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -75,22 +72,6 @@ func cancelRequest(by *string, at *time.Time) *seams.CancelRequest {
 }
 
 var _ seams.RunLeaser = (*Store)(nil)
-
-// newOwner is a store's lease owner: name (host and process id when
-// empty) and a random suffix, so that no two Stores share leases whatever
-// names they are given; readable in a listing.
-func newOwner(name string) string {
-	if name == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			host = "unknown-host"
-		}
-		name = fmt.Sprintf("%s/%d", host, os.Getpid())
-	}
-	var r [4]byte
-	rand.Read(r[:])
-	return name + "/" + hex.EncodeToString(r[:])
-}
 
 // Owner is the id this store's leases carry: Options.Owner (or host and
 // process id) and a random suffix.

@@ -198,7 +198,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	case o.LeaseDuration < time.Second:
 		return nil, fmt.Errorf("pgstore: a lease duration of %v is too short to renew over a network: at least 1s", o.LeaseDuration)
 	}
-	o.Owner = newOwner(o.Owner)
+	o.Owner = seams.NewOwner(o.Owner)
 	s := &Store{
 		schema:   o.Schema,
 		target:   describe(cfg.ConnConfig),

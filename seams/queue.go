@@ -2,7 +2,11 @@ package seams
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"os"
 	"time"
 )
 
@@ -111,6 +115,23 @@ type CancelRequest struct {
 // ErrNotQueued: a run started without an agent is no worker's to claim;
 // resume it with engine.Resume.
 var ErrNotQueued = errors.New("seams: the run was not started for an agent, so no worker pool claims it (resume it with engine.Resume)")
+
+// NewOwner is a store's name for the holder of the runs it holds and
+// claims (RunInfo.Owner): name — host and process id when empty — and a
+// random suffix, so that no two stores, nor two opens of one file, share
+// one whatever names they are given; readable in a listing.
+func NewOwner(name string) string {
+	if name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			host = "unknown-host"
+		}
+		name = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	var r [4]byte
+	rand.Read(r[:])
+	return name + "/" + hex.EncodeToString(r[:])
+}
 
 // MaxAgentBytes bounds an agent's name (ValidAgent).
 const MaxAgentBytes = 256

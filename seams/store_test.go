@@ -3,6 +3,7 @@ package seams_test
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -88,5 +89,21 @@ func TestTheStreamAfterRule(t *testing.T) {
 	}
 	if got, err := seams.StreamAfter("r", stream, nil, -1, ulid.ULID{}); err == nil || len(got) != 0 || !strings.Contains(err.Error(), "-1") {
 		t.Errorf("a negative count seen: %d events, %v; want an error naming it", len(got), err)
+	}
+}
+
+// TestNewOwnerNamesAHolderUniquely: a given name is kept as the owner's
+// prefix, an empty one becomes host/pid, and two owners never share a
+// name.
+func TestNewOwnerNamesAHolderUniquely(t *testing.T) {
+	host, _ := os.Hostname()
+	for _, c := range []struct{ name, prefix string }{
+		{"worker-7", "worker-7/"},
+		{"", fmt.Sprintf("%s/%d/", host, os.Getpid())},
+	} {
+		a, b := seams.NewOwner(c.name), seams.NewOwner(c.name)
+		if !strings.HasPrefix(a, c.prefix) || len(a) != len(c.prefix)+8 || a == b {
+			t.Errorf("NewOwner(%q): %q and %q, want %q and 8 random hex digits, each its own", c.name, a, b, c.prefix)
+		}
 	}
 }
