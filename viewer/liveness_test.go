@@ -3,7 +3,6 @@ package viewer_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
@@ -129,26 +127,13 @@ func TestFollowSaysWhenADriverTakesTheRun(t *testing.T) {
 	}
 }
 
-// damagedRun is a store that finds run "r" damaged, its entry (Describe)
-// and its stream (Load) alike.
-type damagedRun struct{ *seamstest.MemStore }
-
-func (s damagedRun) Describe(ctx context.Context, runID string) (seams.RunInfo, error) {
-	return seams.RunInfo{}, &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
-}
-
-func (s damagedRun) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	stream, _ := s.MemStore.Load(ctx, runID)
-	return stream, &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
-}
-
 // TestARunWhoseEntryIsDamagedIsShownCorrupt: the run page and the verdict
 // of a run whose entry Describe finds damaged show the damage the stream
 // shows, not a store failure.
 func TestARunWhoseEntryIsDamagedIsShownCorrupt(t *testing.T) {
 	mem := &seamstest.MemStore{}
 	proptest.AppendEach(t, mem, "r", proptest.SoundStream("r")[:5])
-	srv := httptest.NewServer(viewer.New(damagedRun{mem}, viewer.Options{}))
+	srv := httptest.NewServer(viewer.New(seamstest.EntryDamaged{MemStore: mem}, viewer.Options{}))
 	defer srv.Close()
 	if code, _, body := get(t, srv.URL+"/run?id=r"); code != 200 || !strings.Contains(body, "corrupt: Resume would refuse") || !strings.Contains(body, "fails its checksum") {
 		t.Errorf("run page: %d\n%s", code, body)

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -219,20 +218,6 @@ func TestFollowSaysWhenNobodyDrivesTheRun(t *testing.T) {
 	}
 }
 
-// damagedRun is a store that finds run "r" damaged, its entry (Describe)
-// and its stream (Load) alike, as kv and pgstore report an entry that
-// fails its checksum.
-type damagedRun struct{ *seamstest.MemStore }
-
-func (s damagedRun) Describe(ctx context.Context, runID string) (seams.RunInfo, error) {
-	return seams.RunInfo{}, &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
-}
-
-func (s damagedRun) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	stream, _ := s.MemStore.Load(ctx, runID)
-	return stream, &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
-}
-
 // TestVerifyOfARunWhoseEntryIsDamaged: verify RUN of a run whose entry
 // Describe finds damaged gives the corrupt verdict from its stream, with
 // the reason, as it would without asking who holds the run.
@@ -241,7 +226,7 @@ func TestVerifyOfARunWhoseEntryIsDamaged(t *testing.T) {
 	proptest.AppendEach(t, mem, "r", proptest.SoundStream("r")[:5])
 	var out, errOut bytes.Buffer
 	c := &call{stdout: &out, stderr: &errOut, args: []string{"STORE", "r"}}
-	if code := c.verifyIn(damagedRun{mem}); code != exitProblem || !strings.Contains(out.String(), "r: corrupt (1 problem)\n  - ") ||
+	if code := c.verifyIn(seamstest.EntryDamaged{MemStore: mem}); code != exitProblem || !strings.Contains(out.String(), "r: corrupt (1 problem)\n  - ") ||
 		!strings.Contains(out.String(), "fails its checksum") || errOut.Len() != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
 	}

@@ -2,6 +2,7 @@ package seamstest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -229,4 +230,26 @@ func (m *MemStore) describe(runID string) seams.RunInfo {
 	}
 	info.Liveness(time.Now())
 	return info
+}
+
+// EntryDamaged is a MemStore whose runs' index entries all fail their
+// checksum, as kv and pgstore report such an entry: Describe and Load
+// report the damage (Load with the events that decoded), for tests of
+// what readers make of it.
+type EntryDamaged struct{ *MemStore }
+
+// entryDamage is the damage EntryDamaged reports for runID.
+func entryDamage(runID string) error {
+	return &events.DamageError{RunID: runID, Problems: []error{errors.New("its index entry fails its checksum")}}
+}
+
+// Describe implements seams.RunDescriber: always the entry's damage.
+func (s EntryDamaged) Describe(ctx context.Context, runID string) (seams.RunInfo, error) {
+	return seams.RunInfo{}, entryDamage(runID)
+}
+
+// Load implements seams.RunStore: the stream, and the entry's damage.
+func (s EntryDamaged) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
+	stream, _ := s.MemStore.Load(ctx, runID)
+	return stream, entryDamage(runID)
 }
