@@ -26,12 +26,39 @@ import (
 // run that exists or that it is starting, since Resume takes it only once
 // it has seen the run's log.
 func Run(ctx context.Context, def Definition, req Request) (events.RunResult, error) {
-	d, m, release, err := begin(ctx, def, req)
+	cfg, err := prepare(def, req)
 	if err != nil {
 		return events.RunResult{}, err
 	}
+	release, err := lockRun(def.Store, req.RunID)
+	if errors.Is(err, ErrRunBusy) {
+		return events.RunResult{}, fmt.Errorf("engine: run %q: %w: %w", req.RunID, ErrRunExists, err)
+	}
+	if err != nil {
+		return events.RunResult{}, err
+	}
+	existing, err := def.Store.Load(ctx, req.RunID)
+	if err != nil {
+		release()
+		return events.RunResult{}, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
+	}
+	if len(existing) > 0 {
+		release()
+		exists := fmt.Errorf("engine: run %q: %w", req.RunID, ErrRunExists)
+		// A store whose reservations live on the run's own record (pgstore's
+		// leases) reserved a run that had none yet; another driver started
+		// it since. Asking again tells whether that driver holds it now.
+		again, err := lockRun(def.Store, req.RunID)
+		if errors.Is(err, ErrRunBusy) {
+			return events.RunResult{}, fmt.Errorf("%w: %w", exists, err)
+		}
+		if err == nil {
+			again()
+		}
+		return events.RunResult{}, exists
+	}
 	defer release()
-	return d.drive(ctx, m)
+	return newDriver(def, req, ulid.ULID{}).drive(ctx, newMachine(cfg))
 }
 
 // Start makes the run req.RunID durable — its RunStarted, with the
@@ -65,43 +92,6 @@ func Start(ctx context.Context, def Definition, req Request) (events.Envelope, e
 		return events.Envelope{}, err
 	}
 	return d.started, nil
-}
-
-// begin is Run up to driving: it validates, reserves the run id and
-// makes sure the run has no log. release frees the reservation.
-func begin(ctx context.Context, def Definition, req Request) (*driver, *machine, func(), error) {
-	cfg, err := prepare(def, req)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	release, err := lockRun(def.Store, req.RunID)
-	if errors.Is(err, ErrRunBusy) {
-		return nil, nil, nil, fmt.Errorf("engine: run %q: %w: %w", req.RunID, ErrRunExists, err)
-	}
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	existing, err := def.Store.Load(ctx, req.RunID)
-	if err != nil {
-		release()
-		return nil, nil, nil, fmt.Errorf("engine: load run %q: %w", req.RunID, err)
-	}
-	if len(existing) > 0 {
-		release()
-		exists := fmt.Errorf("engine: run %q: %w", req.RunID, ErrRunExists)
-		// A store whose reservations live on the run's own record (pgstore's
-		// leases) reserved a run that had none yet; another driver started
-		// it since. Asking again tells whether that driver holds it now.
-		again, err := lockRun(def.Store, req.RunID)
-		if errors.Is(err, ErrRunBusy) {
-			return nil, nil, nil, fmt.Errorf("%w: %w", exists, err)
-		}
-		if err == nil {
-			again()
-		}
-		return nil, nil, nil, exists
-	}
-	return newDriver(def, req, ulid.ULID{}), newMachine(cfg), release, nil
 }
 
 // lockRun reserves runID for this driver when the store can (seams.RunLocker).

@@ -23,9 +23,9 @@
 // operator's request the driving worker sees before its next side effect,
 // and the run ends cancelled. Resume hands a run back to the workers now.
 //
-// A run whose drive fails — its agent is unknown to the store's other
-// workers' builds, its parameters changed with a deploy, the store failed
-// — is given back with the failure recorded and claimed again after a
+// A run whose drive fails — its agent could not build it, its parameters
+// changed with a deploy (engine.ErrParametersChanged), the store failed —
+// is given back with the failure recorded and claimed again after a
 // back-off that doubles with each failure (Options.RetryAfter up to
 // Options.MaxRetryAfter); an operator's Resume clears it.
 //
