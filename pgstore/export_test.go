@@ -1,6 +1,11 @@
 package pgstore
 
-import "time"
+import (
+	"fmt"
+	"time"
+
+	"github.com/polyloop/polyloop/seams"
+)
 
 // SetClock replaces s's clock (tests step it back).
 func SetClock(s *Store, now func() time.Time) { s.clock = now }
@@ -26,3 +31,13 @@ func Queued(s *Store) int {
 // ClaimSQL is s's claim statement: $1 the agents, $2 the most runs, $3 the
 // owner, $4 the lease term in microseconds.
 func ClaimSQL(s *Store) string { return s.q.claim }
+
+// LetGo marks s's hold of runID as one it is letting go of — what a
+// release does before it gives the lease back on the server — without
+// forgetting it: the moment between the two.
+func LetGo(s *Store, runID string) {
+	l := s.leaseOf(runID)
+	l.mu.Lock()
+	l.lost = fmt.Errorf("run %q: %w: letting go (test)", runID, seams.ErrRunLocked)
+	l.mu.Unlock()
+}

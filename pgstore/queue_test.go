@@ -914,3 +914,27 @@ func BenchmarkClaim(b *testing.B) {
 		})
 	}
 }
+
+// TestAClaimSkipsARunItsStoreIsLettingGoOf: between a release giving a
+// run's lease back on the server and the store forgetting its hold, a
+// claim by the same store would take a run it cannot lock (the drive
+// finds it busy, and the claim's lease stands a whole term); the claim
+// passes it over until the hold is forgotten.
+func TestAClaimSkipsARunItsStoreIsLettingGoOf(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgstore.Options{})
+	startRun(t, s, "r", "a")
+	release, err := s.LockRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgstore.LetGo(s, "r")
+	exec(t, s.Schema(), `UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL WHERE run_id = 'r'`)
+	if claims, err := s.ClaimRuns(ctx, []string{"a"}, 10); err != nil || len(claims) != 0 {
+		t.Fatalf("a claim while the store lets the run go: %v %v, want nothing", claims, err)
+	}
+	release()
+	if claims, err := s.ClaimRuns(ctx, []string{"a"}, 10); err != nil || len(claims) != 1 || claims[0].RunID != "r" {
+		t.Fatalf("a claim once the hold is forgotten: %v %v, want r", claims, err)
+	}
+}
