@@ -89,10 +89,6 @@ type Options struct {
 // run's end, for more of them before it claims.
 const claimGather = 10 * time.Millisecond
 
-// busyRelease is how long after a drive found its claimed run busy the
-// claim is given back.
-const busyRelease = 100 * time.Millisecond
-
 // Defaults of Options.
 const (
 	DefaultConcurrency   = 64
@@ -312,14 +308,10 @@ func (p *Pool) Work(ctx context.Context) error {
 func (p *Pool) drive(ctx context.Context, c seams.Claim, stop <-chan struct{}) {
 	res, err := p.resume(ctx, c, stop)
 	switch {
-	case err == nil, errors.Is(err, engine.ErrRunNotFound):
-		// Finished; or deleted.
-	case errors.Is(err, engine.ErrRunBusy):
-		// Another driver has the run — or had it a moment ago: a hold of
-		// this store being let go (a Submit's own) when the claim came.
-		// The claim is given back a moment later; a store leaves alone a
-		// run a driver of its own, or another worker, holds by then.
-		time.AfterFunc(busyRelease, func() { p.release(ctx, c.RunID, "", 0, nil) })
+	case err == nil, errors.Is(err, engine.ErrRunBusy), errors.Is(err, engine.ErrRunNotFound):
+		// Finished; or another driver has the run (taking it ended the
+		// claim: the run is that driver's, and nobody's once it lets go);
+		// or it was deleted.
 	case errors.Is(err, engine.ErrInterrupted):
 		err = p.release(ctx, c.RunID, "", 0, err)
 	default:
