@@ -80,9 +80,9 @@ func TestWireEncodingIsFrozen(t *testing.T) {
 
 // TestEarlierSchemaValuesStillDecode: the values a 1.0 writer stored (no
 // checksum), a 1.1 writer stored (sealed, without the outcome's env_error)
-// a 1.2 and a 1.3 writer stored decode to the same records.
+// a 1.2, a 1.3 and a 1.4 writer stored decode to the same records.
 func TestEarlierSchemaValuesStillDecode(t *testing.T) {
-	for _, v := range []string{"1.0", "1.1", "1.2", "1.3"} {
+	for _, v := range []string{"1.0", "1.1", "1.2", "1.3", "1.4"} {
 		files, _ := filepath.Glob("testdata/wire-" + v + "/*.msgpack")
 		if len(files) != len(everyRecord()) {
 			t.Fatalf("%d %s golden values, want %d", len(files), v, len(everyRecord()))
@@ -632,5 +632,64 @@ func TestClaimedCountsAreBounded(t *testing.T) {
 	if _, err := events.Marshal(events.RunStarted{RunID: "run-1", ParameterSnapshot: many, SchemaVersion: events.CurrentSchemaVersion}); err == nil ||
 		!strings.Contains(err.Error(), "events.MaxItems") {
 		t.Errorf("a snapshot of %d keys: %v, want a refusal naming events.MaxItems", len(many), err)
+	}
+}
+
+// TestADecisionAndItsAwaitingIntentAreKept: an action intent awaiting a
+// person and the decision on it (schema 1.5) are frozen on the wire and
+// read back as written; an intent that awaits nothing stores none of the
+// new keys, as 1.4 did.
+func TestADecisionAndItsAwaitingIntentAreKept(t *testing.T) {
+	args, obs := `{"amount":40}`, "refund r-7 is in the ledger"
+	for name, ev := range map[string]events.Event{
+		"intent_awaiting": events.Intent{RunID: "run-1", IntentKind: events.IntentAction, CallIndex: 2, ResultID: "r2a", ReplayPolicy: events.ReplayNever,
+			ToolName: "refund", Awaits: events.AwaitsApproval, Arguments: `{"amount":400}`, ArgumentsSchema: `{"type":"object"}`},
+		"decision_approved": events.Decision{RunID: "run-1", ResultID: "r2a", Verdict: events.VerdictApproved, By: "ana", Note: "capped", Arguments: &args},
+		"decision_executed": events.Decision{RunID: "run-1", ResultID: "r2a", Verdict: events.VerdictExecuted, By: "ops", Observation: &obs},
+	} {
+		b := sealed(t, ev)
+		env, err := events.Unmarshal("run-1", goldenID, b)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !reflect.DeepEqual(env.Event, ev) {
+			t.Fatalf("%s: read back %+v, want %+v", name, env.Event, ev)
+		}
+		golden(t, "wire-decision/"+name+".msgpack", b)
+	}
+	plain := sealed(t, events.Intent{RunID: "run-1", IntentKind: events.IntentAction, CallIndex: 0, ResultID: "r", ReplayPolicy: events.ReplaySafe})
+	if bytes.Contains(plain, []byte("awaits")) || bytes.Contains(plain, []byte("arguments")) {
+		t.Fatalf("an intent awaiting nothing stores a 1.5 key: %x", plain)
+	}
+}
+
+// TestADecisionNamesWhatIsWrongWithIt: Validate refuses each decision no
+// stream could hold, naming the field.
+func TestADecisionNamesWhatIsWrongWithIt(t *testing.T) {
+	s := func(v string) *string { return &v }
+	ok := events.Decision{RunID: "r", ResultID: "c", Verdict: events.VerdictRejected, By: "ana"}
+	for _, c := range []struct {
+		name string
+		edit func(*events.Decision)
+		want string
+	}{
+		{"no call", func(d *events.Decision) { d.ResultID = "" }, "result_id"},
+		{"no verdict", func(d *events.Decision) { d.Verdict = "maybe" }, "verdict"},
+		{"nobody", func(d *events.Decision) { d.By = "" }, "by is empty"},
+		{"arguments on a rejection", func(d *events.Decision) { d.Arguments = s(`{}`) }, "only an approval"},
+		{"arguments not an object", func(d *events.Decision) { d.Verdict, d.Arguments = events.VerdictApproved, s(`[1]`) }, "not a JSON object"},
+		{"observation on not_executed", func(d *events.Decision) { d.Verdict, d.Observation = events.VerdictNotExecuted, s("x") }, "only a finding of executed"},
+	} {
+		d := ok
+		c.edit(&d)
+		if err := d.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error naming %q", c.name, err, c.want)
+		}
+	}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("a sound decision: %v", err)
+	}
+	if err := (events.Intent{RunID: "r", IntentKind: events.IntentModelCall, ResultID: "m", ReplayPolicy: events.ReplaySafe, Awaits: events.AwaitsApproval}).Validate(); err == nil {
+		t.Fatal("a model intent awaiting approval was accepted")
 	}
 }

@@ -1,6 +1,6 @@
-// Package events is the vocabulary PolyLoop persists: the five event records
+// Package events is the vocabulary PolyLoop persists: the six event records
 // of a run's stream (RunStarted, Intent, ModelCallResult, StepCompleted,
-// RunFinished), the value types embedded in them (StepRecord, RunResult,
+// RunFinished, and since 1.5 Decision), the value types embedded in them (StepRecord, RunResult,
 // ModelReply, ActionOutcome and the frozen enums), the Envelope every stored
 // value travels in, and the msgpack codec that carries a schema version.
 //
@@ -64,6 +64,18 @@
 // stream fails with ErrNeedsStream. A step of a 2 KB reply and a 4 KB
 // observation takes 0.94x its payload on disk (1.36x with the same
 // compression and no references).
+//
+// # Schema 1.5
+//
+// 1.5 records human decisions. An action intent may await a person
+// (Intent.Awaits: approval before the action runs, or resolution of an
+// outcome a crash left in doubt) and then carries the call's arguments
+// and the tool's parameter schema as JSON text, so a person or a program
+// can see, edit and check the call from the log alone. A sixth record,
+// Decision, is the person's word on it: approved (optionally with edited
+// arguments) or rejected, or the finding executed (with an observation) or
+// not_executed; who made it is an opaque name, when is its envelope's time.
+// An intent that awaits nothing is encoded as 1.4 encoded it.
 //
 // Decoding first walks the value without recursion (a stack of counts),
 // proving every declared length is backed by bytes and that nothing nests

@@ -46,6 +46,41 @@ func (s ActionStatus) Valid() bool {
 	return s == StatusExecuted || s == StatusNotExecuted || s == StatusEnvError
 }
 
+// Awaits says what an action intent waits for (Intent.Awaits).
+type Awaits string
+
+const (
+	// AwaitsApproval: the action runs only once a person approves it.
+	AwaitsApproval Awaits = "approval"
+	// AwaitsResolution: the action's outcome is in doubt and the run
+	// waits for an operator's finding.
+	AwaitsResolution Awaits = "resolution"
+)
+
+// Valid reports whether a is one of the values.
+func (a Awaits) Valid() bool { return a == AwaitsApproval || a == AwaitsResolution }
+
+// Verdict is a Decision's word: approved or rejected for an action
+// awaiting approval, executed or not_executed for an operator's finding
+// on an action in doubt.
+type Verdict string
+
+const (
+	VerdictApproved    Verdict = "approved"     // run the action
+	VerdictRejected    Verdict = "rejected"     // do not run it; the model is told
+	VerdictExecuted    Verdict = "executed"     // it ran; Decision.Observation is what it did
+	VerdictNotExecuted Verdict = "not_executed" // it did not run
+)
+
+// Valid reports whether v is one of the values.
+func (v Verdict) Valid() bool {
+	return v == VerdictApproved || v == VerdictRejected || v == VerdictExecuted || v == VerdictNotExecuted
+}
+
+// Resolves reports whether v is an operator's finding on an action in
+// doubt (executed, not_executed) rather than an approval's answer.
+func (v Verdict) Resolves() bool { return v == VerdictExecuted || v == VerdictNotExecuted }
+
 // StopReason says why a run stopped. The ten strings are frozen: downstream
 // statistics group trajectories by them.
 type StopReason string

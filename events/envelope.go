@@ -23,8 +23,10 @@ import (
 // a reply's token usage (ModelReply.Usage), the stop reason token_budget and
 // zstd-compressed payloads; 1.3 S2-compressed payloads and references by
 // which a step stores each text once (doc.go, "Schema 1.3"); 1.4 the agent
-// and input a run was started for (RunStarted.Agent, RunStarted.Input).
-const CurrentSchemaVersion = "1.4"
+// and input a run was started for (RunStarted.Agent, RunStarted.Input); 1.5
+// human decisions (Intent.Awaits, Intent.Arguments, Intent.ArgumentsSchema
+// and the Decision record).
+const CurrentSchemaVersion = "1.5"
 
 // currentMajor is the major of CurrentSchemaVersion.
 const currentMajor = 1
@@ -50,7 +52,7 @@ var (
 	ErrMissingVersion = errors.New("events: schema version missing")
 	// ErrUnknownMajor: the schema version's major is not one this codec reads.
 	ErrUnknownMajor = errors.New("events: unknown schema major version")
-	// ErrUnknownKind: the kind is not one of the five records.
+	// ErrUnknownKind: the kind is not one of the six records.
 	ErrUnknownKind = errors.New("events: unknown event kind")
 	// ErrPayloadMismatch: the payload does not decode as, or is not a valid,
 	// record of the envelope's kind.
@@ -619,6 +621,8 @@ func decodePayload(kind Kind, raw msgpack.RawMessage, validate bool) (Event, err
 		ev, err = decodeAs[StepCompleted](raw)
 	case KindRunFinished:
 		ev, err = decodeAs[RunFinished](raw)
+	case KindDecision:
+		ev, err = decodeAs[Decision](raw)
 	default:
 		return nil, ErrUnknownKind
 	}
@@ -636,7 +640,7 @@ func decodePayload(kind Kind, raw msgpack.RawMessage, validate bool) (Event, err
 
 func kindKnown(k Kind) bool {
 	switch k {
-	case KindRunStarted, KindIntent, KindModelCallResult, KindStepCompleted, KindRunFinished:
+	case KindRunStarted, KindIntent, KindModelCallResult, KindStepCompleted, KindRunFinished, KindDecision:
 		return true
 	}
 	return false

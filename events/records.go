@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -16,9 +17,10 @@ const (
 	KindModelCallResult Kind = "model_call_result" // a ModelCallResult record
 	KindStepCompleted   Kind = "step_completed"    // a StepCompleted record
 	KindRunFinished     Kind = "run_finished"      // a RunFinished record
+	KindDecision        Kind = "decision"          // a Decision record (schema 1.5)
 )
 
-// Event is one of the five records of a run's stream. The set is closed.
+// Event is one of the six records of a run's stream. The set is closed.
 type Event interface {
 	// Kind is the record's wire kind.
 	Kind() Kind
@@ -271,6 +273,41 @@ type Intent struct {
 	// calls and tool-less actions. It makes a log self-describing: an
 	// inspector can say which tool's outcome a crash left in doubt.
 	ToolName string `msgpack:"tool_name,omitempty" json:"tool_name,omitempty"`
+	// Awaits, when set (schema 1.5), says the intent waits for a person:
+	// AwaitsApproval — the action has not run and runs only once a
+	// Decision approves it; AwaitsResolution — the action's outcome was
+	// left in doubt by a crash (an earlier intent of the same result id)
+	// and the run waits for an operator's finding. Empty: the action is
+	// executed now, as every intent before 1.5 said.
+	Awaits Awaits `msgpack:"awaits,omitempty" json:"awaits,omitempty"`
+	// Arguments is the tool call's arguments as JSON text, and
+	// ArgumentsSchema the tool's parameter schema (JSON Schema, as JSON
+	// text), recorded on an awaiting intent so a person can see the call
+	// and edit it — and a program check the edit — from the log alone.
+	Arguments       string `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
+	ArgumentsSchema string `msgpack:"arguments_schema,omitempty" json:"arguments_schema,omitempty"`
+}
+
+// Decision is a person's word on an action intent awaiting one (schema
+// 1.5): an approval or rejection of an action awaiting approval, or the
+// finding on an action whose outcome a crash left in doubt (executed, with
+// what was observed, or not executed). When it was made is its envelope's
+// time. The engine then completes the step as the decision says.
+type Decision struct {
+	RunID string `msgpack:"run_id" json:"run_id"`
+	// ResultID is the result id of the action intent decided on: the
+	// call's id for people and commands.
+	ResultID string  `msgpack:"result_id" json:"result_id"`
+	Verdict  Verdict `msgpack:"verdict" json:"verdict"`
+	// By names who decided, an opaque string the caller passes.
+	By   string `msgpack:"by" json:"by"`
+	Note string `msgpack:"note,omitempty" json:"note,omitempty"`
+	// Arguments, for an approval only, are edited arguments (a JSON
+	// object as text) the action runs with in place of the model's.
+	Arguments *string `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
+	// Observation, for a finding of executed only, is what the operator
+	// saw of the action's effect: the observation the model is fed.
+	Observation *string `msgpack:"observation,omitempty" json:"observation,omitempty"`
 }
 
 // ModelCallResult records how a model call ended: exactly one of Reply and
@@ -304,12 +341,14 @@ func (Intent) Kind() Kind          { return KindIntent }
 func (ModelCallResult) Kind() Kind { return KindModelCallResult }
 func (StepCompleted) Kind() Kind   { return KindStepCompleted }
 func (RunFinished) Kind() Kind     { return KindRunFinished }
+func (Decision) Kind() Kind        { return KindDecision }
 
 func (e RunStarted) runID() string      { return e.RunID }
 func (e Intent) runID() string          { return e.RunID }
 func (e ModelCallResult) runID() string { return e.RunID }
 func (e StepCompleted) runID() string   { return e.RunID }
 func (e RunFinished) runID() string     { return e.RunID }
+func (e Decision) runID() string        { return e.RunID }
 
 func requireRunID(id string) error {
 	if id == "" {
@@ -348,8 +387,53 @@ func (e Intent) Validate() error {
 		return errors.New("result_id is empty")
 	case !e.ReplayPolicy.Valid():
 		return fmt.Errorf("replay_policy %q is not one of never, safe", e.ReplayPolicy)
+	case e.Awaits != "" && !e.Awaits.Valid():
+		return fmt.Errorf("awaits %q is not one of approval, resolution", e.Awaits)
+	case e.Awaits != "" && e.IntentKind != IntentAction:
+		return fmt.Errorf("a %s intent awaits %s: only actions wait for a person", e.IntentKind, e.Awaits)
+	case len(e.Arguments) > MaxTextBytes, len(e.ArgumentsSchema) > MaxTextBytes:
+		return fmt.Errorf("arguments or arguments_schema is more than %d bytes (events.MaxTextBytes)", MaxTextBytes)
 	}
 	return nil
+}
+
+// Validate implements Event.
+func (e Decision) Validate() error {
+	switch {
+	case e.RunID == "":
+		return requireRunID(e.RunID)
+	case e.ResultID == "":
+		return errors.New("result_id is empty")
+	case !e.Verdict.Valid():
+		return fmt.Errorf("verdict %q is not one of approved, rejected, executed, not_executed", e.Verdict)
+	case e.By == "":
+		return errors.New("by is empty: a decision names who made it")
+	case len(e.By) > MaxNameBytes:
+		return fmt.Errorf("by is %d bytes, more than %d (events.MaxNameBytes)", len(e.By), MaxNameBytes)
+	case len(e.Note) > MaxTextBytes:
+		return fmt.Errorf("note is %d bytes, more than %d (events.MaxTextBytes)", len(e.Note), MaxTextBytes)
+	case e.Arguments != nil && e.Verdict != VerdictApproved:
+		return fmt.Errorf("arguments are set on a decision %s: only an approval edits arguments", e.Verdict)
+	case e.Arguments != nil && !jsonObject(*e.Arguments):
+		return errors.New("arguments are not a JSON object")
+	case e.Observation != nil && e.Verdict != VerdictExecuted:
+		return fmt.Errorf("observation is set on a decision %s: only a finding of executed has one", e.Verdict)
+	case e.Observation != nil && len(*e.Observation) > MaxTextBytes:
+		return fmt.Errorf("observation is %d bytes, more than %d (events.MaxTextBytes)", len(*e.Observation), MaxTextBytes)
+	}
+	return nil
+}
+
+// MaxNameBytes bounds a name a caller gives a record (Decision.By).
+const MaxNameBytes = 1024
+
+// jsonObject reports whether s is one JSON object, at most MaxTextBytes.
+func jsonObject(s string) bool {
+	if len(s) > MaxTextBytes {
+		return false
+	}
+	var v map[string]any
+	return json.Unmarshal([]byte(s), &v) == nil && v != nil
 }
 
 // Validate implements Event.
