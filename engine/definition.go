@@ -161,4 +161,7 @@ var (
 	// ErrParametersChanged: Resume found a parameter snapshot different from
 	// the one the run started with; the message lists every differing key.
 	ErrParametersChanged = errors.New("engine: parameters changed since the run started")
+	// ErrAwaitingDecision: the run waits, unfinished, for a person's
+	// decision; every error that says so is an *AwaitingError.
+	ErrAwaitingDecision = errors.New("engine: run awaits a person's decision")
 )

@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -128,6 +129,10 @@ func prepare(def Definition, req Request) (*config, error) {
 		obsTemplate: req.observationTemplate(), synthetic: def.Synthetic.withDefaults(),
 		parser: def.Parser, tools: req.Tools, binding: req.ModelBinding, snapshot: snap,
 		agent: req.Agent, input: slices.Clone(req.Input),
+		awaitResolution: req.AwaitResolution,
+	}
+	if !isNil(req.Approval) {
+		cfg.approval = req.Approval
 	}
 	cfg.prefix = promptPrefix(req)
 	for _, msg := range cfg.prefix {
@@ -252,6 +257,8 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 			in = input{kind: inActionReturned, outcome: out, err: err}
 		case cmdInterrupted:
 			return events.RunResult{}, fmt.Errorf("engine: run %q stopped after %d steps: %w", d.req.RunID, len(m.fold().Steps), ErrInterrupted)
+		case cmdAwait:
+			return events.RunResult{}, &AwaitingError{RunID: d.req.RunID, Calls: []recovery.PendingCall{*cmd.pending}}
 		case cmdDone:
 			// The stored result, as it is: Resume and the projections
 			// read the same value.

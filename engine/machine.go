@@ -63,6 +63,7 @@ const (
 	cmdExecute                    // execute the action, then report inActionReturned
 	cmdDone                       // the run is over; return result
 	cmdInterrupted                // the run stopped at a step boundary, unfinished
+	cmdAwait                      // the run waits for a person's decision on pending
 	cmdFail                       // the machine was driven wrongly (a bug)
 )
 
@@ -71,29 +72,32 @@ const (
 // asks for a side effect (cmdCallModel, cmdExecute) once the intent for it
 // has been reported durable.
 type command struct {
-	kind   cmdKind
-	events []events.Event
-	model  seams.ModelCall
-	action seams.ActionCall
-	result events.RunResult
-	err    string
+	kind    cmdKind
+	events  []events.Event
+	model   seams.ModelCall
+	action  seams.ActionCall
+	result  events.RunResult
+	pending *recovery.PendingCall
+	err     string
 }
 
 // config is a run's fixed inputs, prepared once.
 type config struct {
-	runID       string
-	budget      Budget
-	modelPolicy events.ReplayPolicy
-	obsTemplate string
-	synthetic   SyntheticObservations
-	parser      seams.DecisionParser
-	tools       *seams.Registry
-	binding     map[string]string
-	snapshot    map[string]string
-	agent       string // the request's Agent and Input, recorded in RunStarted
-	input       []byte
-	prefix      []seams.Message // run-level, injections, tool section, goal-level
-	prefixChars int
+	runID           string
+	budget          Budget
+	modelPolicy     events.ReplayPolicy
+	obsTemplate     string
+	synthetic       SyntheticObservations
+	parser          seams.DecisionParser
+	tools           *seams.Registry
+	binding         map[string]string
+	snapshot        map[string]string
+	approval        seams.ApprovalPolicy // nil: only tools whose spec says so need approval
+	awaitResolution bool
+	agent           string // the request's Agent and Input, recorded in RunStarted
+	input           []byte
+	prefix          []seams.Message // run-level, injections, tool section, goal-level
+	prefixChars     int
 }
 
 // current is what the machine notes of the step in progress beside the
@@ -102,8 +106,9 @@ type current struct {
 	intentAt time.Time // when the model intent became durable: the step's start
 	issued   bool      // model intent written by this machine, not replayed
 	parsed   *seams.ParsedReply
-	args     string // the parsed tool call's arguments as JSON text (toolArguments)
-	acted    bool   // action intent written by this machine
+	args     string    // the parsed tool call's arguments as JSON text (toolArguments)
+	acted    bool      // action intent written by this machine
+	actionAt time.Time // when the latest action intent became durable
 }
 
 // ending is a stop decided by a completed step.
@@ -165,6 +170,8 @@ func (m *machine) step(in input) command {
 		for _, env := range in.envs {
 			if in, ok := env.Event.(events.Intent); ok && m.fold().Current.Model != nil && in.ResultID == m.fold().Current.Model.ResultID {
 				m.cur.intentAt = env.Time()
+			} else if ok && in.IntentKind == events.IntentAction {
+				m.cur.actionAt = env.Time()
 			}
 		}
 		return m.afterDurable(in)
@@ -222,7 +229,7 @@ func (m *machine) note(ev events.Event, at time.Time, live bool) {
 		if ev.IntentKind == events.IntentModelCall {
 			m.cur = current{intentAt: at, issued: live}
 		} else {
-			m.cur.acted = live
+			m.cur.acted, m.cur.actionAt = live, at
 		}
 	case events.StepCompleted:
 		s := ev.Step
@@ -270,6 +277,8 @@ func (m *machine) afterDurable(in input) command {
 	case in.cancelled && (m.cur.acted || m.cur.issued):
 		m.finish(in, events.StopCancelled, nil)
 		return m.flush()
+	case cur.Action != nil && m.cur.acted && cur.Action.Awaits != "":
+		return m.awaitCommand()
 	case cur.Action != nil && m.cur.acted:
 		return m.executeCommand()
 	case cur.Model != nil && m.cur.issued && cur.Reply == nil && cur.Failure == nil:
@@ -361,7 +370,7 @@ func (m *machine) modelCommand() command {
 }
 
 func (m *machine) executeCommand() command {
-	a, _ := m.parsed().Decision.(seams.Action)
+	a, _ := m.action()
 	return command{kind: cmdExecute, action: seams.ActionCall{
 		Action: a, RunID: m.cfg.runID, StepIdx: m.fold().Current.Action.CallIndex, ResultID: m.fold().Current.Action.ResultID,
 	}}
@@ -406,7 +415,27 @@ func (m *machine) continueTail(in input) command {
 		}
 		return m.executeCommand()
 	case recovery.PlanStopUnknown:
+		if f.State() == recovery.ActionUnknown && m.cfg.awaitResolution {
+			// The request asks that a side effect in doubt wait for an
+			// operator's finding: say so durably, then wait.
+			awaiting := *f.Current.Action
+			awaiting.Awaits = events.AwaitsResolution
+			m.emit(m.described(awaiting))
+			break
+		}
 		m.finish(in, events.StopResumeStateUnknown, nil)
+	case recovery.PlanAwaitDecision:
+		return m.awaitCommand()
+	case recovery.PlanExecuteApproved:
+		m.executeApproved(in)
+	case recovery.PlanCompleteRejected:
+		text := "rejected by reviewer"
+		if note := f.Current.Decision.Note; note != "" {
+			text += ": " + note
+		}
+		m.notExecuted(in, text)
+	case recovery.PlanCompleteResolved:
+		m.resolved(in)
 	case recovery.PlanCompleteError:
 		m.modelFailed(in)
 	case recovery.PlanReparse:
@@ -547,17 +576,133 @@ func (m *machine) afterReply(in input) {
 		m.startStep(in) // stops with agent_finished
 	case seams.Action:
 		policy, tool := events.ReplayNever, ""
+		var spec seams.ToolSpec
 		if d.ToolCall != nil {
 			if err := m.validateTool(*d.ToolCall); err != nil {
 				m.rejected(in, d, err)
 				return
 			}
-			spec, _ := m.cfg.tools.SpecFor(d.ToolCall.Name)
+			spec, _ = m.cfg.tools.SpecFor(d.ToolCall.Name)
 			policy, tool = spec.ReplayPolicy, spec.Name
 		}
-		m.emit(events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentAction, CallIndex: len(m.fold().Steps),
-			ResultID: in.freshID, ReplayPolicy: policy, ToolName: tool})
+		intent := events.Intent{RunID: m.cfg.runID, IntentKind: events.IntentAction, CallIndex: len(m.fold().Steps),
+			ResultID: in.freshID, ReplayPolicy: policy, ToolName: tool}
+		if spec.RequiresApproval || m.policyRequiresApproval(d) {
+			intent.Awaits = events.AwaitsApproval
+			intent = m.described(intent)
+		}
+		m.emit(intent)
 	}
+}
+
+// policyRequiresApproval asks the request's approval policy about a; a
+// policy that panics is taken to require approval, so a broken policy
+// cannot let a call through unreviewed (nor take the log with it).
+func (m *machine) policyRequiresApproval(a seams.Action) (yes bool) {
+	if m.cfg.approval == nil {
+		return false
+	}
+	defer func() {
+		if recover() != nil {
+			yes = true
+		}
+	}()
+	return m.cfg.approval.RequiresApproval(a)
+}
+
+// described is an awaiting intent with what a person needs to decide on
+// it: the call's arguments and the tool's parameter schema, as JSON text.
+func (m *machine) described(in events.Intent) events.Intent {
+	a, args := m.action()
+	if a.ToolCall == nil {
+		return in
+	}
+	in.Arguments = args
+	if spec, ok := m.cfg.tools.SpecFor(a.ToolCall.Name); ok {
+		if b, err := json.Marshal(spec.Parameters); err == nil && len(b) <= events.MaxTextBytes {
+			in.ArgumentsSchema = string(b)
+		}
+	}
+	return in
+}
+
+// awaitCommand stops the run, unfinished, waiting for a person's decision
+// on the pending action.
+func (m *machine) awaitCommand() command {
+	p := recovery.PendingCallOf(*m.fold().Current.Action, m.cur.actionAt)
+	return command{kind: cmdAwait, pending: &p}
+}
+
+// action is the action the step runs: the parsed one, with the arguments
+// an approval edited in place of the model's, and its tool call's
+// arguments as the step record keeps them.
+func (m *machine) action() (seams.Action, string) {
+	a, _ := m.parsed().Decision.(seams.Action)
+	args := m.cur.args
+	d := m.fold().Current.Decision
+	if d == nil || d.Arguments == nil || a.ToolCall == nil {
+		return a, args
+	}
+	tc := *a.ToolCall
+	tc.Arguments = nil
+	if err := json.Unmarshal([]byte(*d.Arguments), &tc.Arguments); err != nil {
+		tc.Arguments = map[string]any{}
+	}
+	a.ToolCall = &tc
+	return a, *d.Arguments
+}
+
+// executeApproved carries out an approval: the action, with the arguments
+// the approval edited, is checked against the registry again and its
+// executing intent — the same result id, awaiting nothing — made durable;
+// afterDurable then executes it. Arguments the registry refuses complete
+// the step not executed, as any rejected call does.
+func (m *machine) executeApproved(in input) {
+	a, _ := m.action()
+	if !m.announced() {
+		m.finish(in, events.StopResumeStateUnknown, nil)
+		return
+	}
+	if a.ToolCall != nil {
+		if err := m.validateTool(*a.ToolCall); err != nil {
+			m.notExecuted(in, strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error()))
+			return
+		}
+	}
+	intent := *m.fold().Current.Action
+	intent.Awaits, intent.Arguments, intent.ArgumentsSchema = "", "", ""
+	m.emit(intent)
+}
+
+// notExecuted completes the step of a pending action that did not run
+// (rejected, or approved with arguments the registry refused): outcome
+// not_executed, text as the synthetic observation.
+func (m *machine) notExecuted(in input, text string) {
+	a, args := m.action()
+	out := clipObservation(events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true})
+	rec := m.actionRecord(in, a, args, out)
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
+	m.startStep(in)
+}
+
+// resolved completes the step of an action in doubt as the operator found
+// it, executing nothing: executed with the observation they gave, or not
+// executed. Either observation is marked synthetic: the executor did not
+// produce it.
+func (m *machine) resolved(in input) {
+	r := m.fold().Current.Resolution
+	out := events.ActionOutcome{Status: events.StatusNotExecuted, Observation: "not executed (operator's finding: " + r.By + ")", ObservationIsSynthetic: true}
+	if r.Verdict == events.VerdictExecuted {
+		out = events.ActionOutcome{Status: events.StatusExecuted, ObservationIsSynthetic: true}
+		if r.Observation != nil {
+			out.Observation = *r.Observation
+		}
+	}
+	out = clipObservation(out)
+	a, args := m.action()
+	rec := m.actionRecord(in, a, args, out)
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
+	m.startStep(in)
 }
 
 func (m *machine) validateTool(tc seams.ToolCall) error {
@@ -572,7 +717,7 @@ func (m *machine) validateTool(tc seams.ToolCall) error {
 func (m *machine) rejected(in input, a seams.Action, err error) {
 	text := strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error())
 	out := clipObservation(events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true})
-	rec := m.actionRecord(in, a, out)
+	rec := m.actionRecord(in, a, m.cur.args, out)
 	m.emit(events.StepCompleted{RunID: m.cfg.runID, ActionOutcome: &out, Step: rec})
 	m.startStep(in)
 }
@@ -599,8 +744,8 @@ func (m *machine) actionReturned(in input) command {
 		out.EnvError = events.EnvErrorText(*out.EnvError)
 	}
 	out = clipObservation(out)
-	a, _ := m.parsed().Decision.(seams.Action)
-	rec := m.actionRecord(in, a, out)
+	a, args := m.action()
+	rec := m.actionRecord(in, a, args, out)
 	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
 	m.startStep(in) // may stop with env_error or task_completed
 	return m.flush()
@@ -640,7 +785,9 @@ func (m *machine) record(in input) events.StepRecord {
 	return rec
 }
 
-func (m *machine) actionRecord(in input, a seams.Action, out events.ActionOutcome) events.StepRecord {
+// actionRecord is the step record of action a, whose tool call's
+// arguments are args as JSON text, with outcome out.
+func (m *machine) actionRecord(in input, a seams.Action, args string, out events.ActionOutcome) events.StepRecord {
 	rec := m.record(in)
 	text := a.Text
 	rec.Action = &text
@@ -654,7 +801,6 @@ func (m *machine) actionRecord(in input, a seams.Action, out events.ActionOutcom
 	if tc := a.ToolCall; tc != nil {
 		name := tc.Name
 		rec.ToolName = &name
-		args := m.cur.args // a's, measured by boundParse: a is the parsed action
 		rec.ToolArguments = &args
 	}
 	return rec

@@ -59,6 +59,20 @@ type Request struct {
 	// Input is what Agent builds the run from, opaque to PolyLoop (at most
 	// events.MaxTextBytes); it needs an Agent.
 	Input []byte
+	// Approval, when set, decides per action whether a person must
+	// approve it before it runs, beside the tools whose spec requires
+	// approval for every call (seams.ToolSpec.RequiresApproval). Such an
+	// action's intent is made durable awaiting a decision and Run or
+	// Resume returns an *AwaitingError; Decide records the decision, and
+	// Resume continues. Its parameters are part of the snapshot
+	// (approval.). A policy that panics is taken to require approval.
+	Approval seams.ApprovalPolicy
+	// AwaitResolution: an action whose outcome a crash left in doubt and
+	// that may not be replayed (policy never) waits for an operator's
+	// finding (Resolve) instead of ending the run resume_state_unknown:
+	// Resume records that it awaits one and returns an *AwaitingError.
+	// Part of the snapshot (await_resolution).
+	AwaitResolution bool
 	// OneEventPerTransaction turns write coalescing off: every event is its
 	// own durable transaction (4 per step instead of 2), so tests can reach
 	// every breakpoint a log can hold.
@@ -219,6 +233,22 @@ func (r Request) ParameterSnapshot() (map[string]string, error) {
 	}
 	if r.Tools != nil {
 		out["tools"] = strings.Join(r.Tools.Names(), ",")
+		var approved []string
+		for _, name := range r.Tools.Names() {
+			if spec, _ := r.Tools.SpecFor(name); spec.RequiresApproval {
+				approved = append(approved, name)
+			}
+		}
+		if len(approved) > 0 { // absent when none, so runs from before approvals resume
+			out["tools.requiring_approval"] = strings.Join(approved, ",")
+		}
+	}
+	if !isNil(r.Approval) {
+		out["approval"] = "on"
+		prefixed(out, "approval.", r.Approval.Parameters())
+	}
+	if r.AwaitResolution {
+		out["await_resolution"] = "true"
 	}
 	prefixed(out, "binding.", r.ModelBinding)
 	injected := map[string]string{}

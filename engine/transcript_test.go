@@ -48,6 +48,13 @@ var update = flag.Bool("update", false, "rewrite the golden transcripts")
 //	crash                    the process dies; a new machine replays what was durable, then begins
 //	crash N                  (right after a line that leads to an append) only the first N
 //	                         events of that append became durable, then the process died
+//	approval_tools           (setup) tools, and refund: never, requires approval, amount ≤ 500
+//	approve_pay_over N       (setup) an approval policy: pay calls over N need approval
+//	await_resolution         (setup) Request.AwaitResolution
+//	approve BY [JSON]        while the run waits (or its process is gone) a person's decision is
+//	reject BY [NOTE]         made durable after the log's tail; a new machine replays and begins
+//	executed BY OBSERVATION  an operator's finding on the action in doubt, likewise
+//	not_executed BY
 //
 // Every append command is answered as durable at once. A .golden file reads
 // as the conversation: "> input", then "< command".
@@ -104,7 +111,7 @@ func runScript(t *testing.T, path string) string {
 			continue
 		}
 		switch strings.Fields(line)[0] {
-		case "budget", "model_policy", "tools", "start_interrupted":
+		case "budget", "model_policy", "tools", "start_interrupted", "approval_tools", "approve_pay_over", "await_resolution":
 			setup = append(setup, line)
 		default:
 			steps = append(steps, line)
@@ -147,6 +154,10 @@ func runScript(t *testing.T, path string) string {
 			continue
 		case cmdFail:
 			t.Fatalf("machine failed: %s", cmd.err)
+		case cmdAwait:
+			if len(steps) == 0 {
+				return r.out.String()
+			}
 		}
 		if len(steps) == 0 {
 			t.Fatalf("script ended while the machine waits for %s", renderCommand(cmd))
@@ -184,6 +195,9 @@ func runScript(t *testing.T, path string) string {
 			continue
 		case "crash":
 			cmd = r.crash("# crash: a new machine replays the durable log\n")
+			continue
+		case "approve", "reject", "executed", "not_executed":
+			cmd = r.decide(events.Verdict(verb), arg)
 			continue
 		case "model", "model~":
 			reply := events.ModelReply{CallID: fmt.Sprintf("c%d", cmd.model.CallIndex), Content: arg, Thinking: thinking, Usage: usage}
@@ -232,6 +246,24 @@ func (r *scriptRun) configure(setup []string) *config {
 			}
 		case "model_policy":
 			req.ModelReplayPolicy = events.ReplayPolicy(f[1])
+		case "approval_tools":
+			handler := func(context.Context, map[string]any) (string, error) { return "", nil }
+			reg, err := seams.NewRegistry(
+				seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe}, Handler: handler},
+				seams.Tool{Spec: seams.ToolSpec{Name: "pay", Parameters: map[string]any{"type": "object", "required": []string{"amount"}}}, Handler: handler},
+				seams.Tool{Spec: seams.ToolSpec{Name: "refund", RequiresApproval: true, Parameters: map[string]any{"type": "object",
+					"properties": map[string]any{"amount": map[string]any{"type": "number", "maximum": 500}}, "required": []string{"amount"}}}, Handler: handler},
+			)
+			if err != nil {
+				r.t.Fatal(err)
+			}
+			req.Tools, req.Executor = reg, reg.Executor()
+			req.ToolSectionTemplate = "Tools: {tools}"
+		case "approve_pay_over":
+			n, _ := strconv.ParseFloat(f[1], 64)
+			req.Approval = payOver(n)
+		case "await_resolution":
+			req.AwaitResolution = true
 		case "tools":
 			reg, err := seams.NewRegistry(
 				seams.Tool{Spec: seams.ToolSpec{Name: "count", ReplayPolicy: events.ReplaySafe}, Handler: func(context.Context, map[string]any) (string, error) { return "", nil }},
@@ -251,6 +283,50 @@ func (r *scriptRun) configure(setup []string) *config {
 		r.t.Fatal(err)
 	}
 	return cfg
+}
+
+// payOver is an approval policy: pay calls whose amount is over it need a
+// person's approval.
+type payOver float64
+
+func (p payOver) RequiresApproval(a seams.Action) bool {
+	tc := a.ToolCall
+	if tc == nil || tc.Name != "pay" {
+		return false
+	}
+	amount, _ := tc.Arguments["amount"].(float64)
+	return amount > float64(p)
+}
+
+func (p payOver) Parameters() map[string]string {
+	return map[string]string{"pay_over": strconv.FormatFloat(float64(p), 'f', -1, 64)}
+}
+
+// decide makes a person's decision durable after the log's tail — the
+// machine that waited (or the process that died) is gone — and a new
+// machine replays the log and begins, as Decide then Resume do. arg is
+// "BY [JSON arguments | note | observation]".
+func (r *scriptRun) decide(verdict events.Verdict, arg string) command {
+	by, rest, _ := strings.Cut(arg, " ")
+	cur := r.m.fold().Current
+	if cur.Action == nil {
+		r.t.Fatalf("%s: no action to decide on", verdict)
+	}
+	d := events.Decision{RunID: r.cfg.runID, ResultID: cur.Action.ResultID, Verdict: verdict, By: by}
+	switch verdict {
+	case "approve":
+		d.Verdict = events.VerdictApproved
+		if rest != "" {
+			d.Arguments = &rest
+		}
+	case "reject":
+		d.Verdict, d.Note = events.VerdictRejected, rest
+	case events.VerdictExecuted:
+		d.Observation = &rest
+	}
+	r.clock = r.clock.Add(time.Minute) // a person takes a while
+	r.persist([]events.Event{d})
+	return r.crash(fmt.Sprintf("# %s: %s\n", by, renderEvent(d)))
 }
 
 // crash drops the machine, replays what is durable into a new one and
@@ -308,7 +384,7 @@ func renderCommand(c command) string {
 	case cmdExecute:
 		tool := ""
 		if tc := c.action.Action.ToolCall; tc != nil {
-			tool = " tool=" + tc.Name
+			tool = " tool=" + tc.Name + " arguments=" + toolArguments(tc)
 		}
 		return fmt.Sprintf("execute step=%d result=%s%s %q", c.action.StepIdx, c.action.ResultID, tool, c.action.Action.Text)
 	case cmdDone:
@@ -319,6 +395,10 @@ func renderCommand(c command) string {
 		return fmt.Sprintf("done %s steps=%d%s", c.result.StopReason, len(c.result.Steps), answer)
 	case cmdInterrupted:
 		return "stop interrupted (unfinished)"
+	case cmdAwait:
+		p := c.pending
+		return fmt.Sprintf("await %s call=%s step=%d tool=%s arguments=%s since=%s", p.Awaits, p.Call, p.Step, p.Tool, p.Arguments,
+			p.Since.UTC().Format("15:04:05.000"))
 	}
 	return "fail " + c.err
 }
@@ -338,7 +418,13 @@ func renderEvent(ev events.Event) string {
 		if e.ToolName != "" {
 			tool = " tool=" + e.ToolName
 		}
+		if e.Awaits != "" {
+			tool += fmt.Sprintf(" awaits=%s arguments=%s schema=%s", e.Awaits, e.Arguments, e.ArgumentsSchema)
+		}
 		return fmt.Sprintf("intent(%s #%d %s %s%s)", e.IntentKind, e.CallIndex, e.ResultID, e.ReplayPolicy, tool)
+	case events.Decision:
+		return fmt.Sprintf("decision(%s %s by=%s note=%q arguments=%s observation=%s)", e.ResultID, e.Verdict, e.By, e.Note,
+			str(e.Arguments), str(e.Observation))
 	case events.ModelCallResult:
 		if e.Failure != nil {
 			return fmt.Sprintf("model_call_result(%s failure=%q)", e.ResultID, *e.Failure)

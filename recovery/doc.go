@@ -31,6 +31,37 @@
 //	✓             reply         ✓              —               ActionUnknown       safe: execute again, same result id; never: resume_state_unknown
 //	✓             reply         ✓/—            ✓               BetweenSteps        run the next step
 //
+// Human decisions (schema 1.5) add rows between the action intent and the
+// step's completion. An action that needs approval gets an intent that
+// awaits one (Intent.Awaits = approval): it is durable, with its result id,
+// before anything could run, and the run waits. A person's Decision
+// follows it; an approved action then gets a second intent of the same
+// result id that awaits nothing — the intent proper, written right before
+// the execution, so that a crash after it is an ordinary action in doubt
+// and a crash before it is not:
+//
+//	action intent            decision          later intent       state               resume does
+//	awaits approval          —                 —                  AwaitingApproval    wait for a decision: write nothing, return the pending call
+//	awaits approval          approved          —                  Approved            check the (edited) arguments, write the intent, execute once
+//	awaits approval          approved          ✓ awaits nothing   ActionUnknown       the approved action in doubt: by its policy, as above
+//	awaits approval          rejected          —                  Rejected            complete not_executed: "rejected by reviewer: <note>"
+//	awaits nothing (doubt)   —                 ✓ awaits resol.    AwaitingResolution  wait for an operator's finding: write nothing
+//	awaits nothing (doubt)   executed|not_ex.  ✓/—                Resolved            complete the step as found, executing nothing
+//
+// Approved is not in doubt: its executing intent is not written, so the
+// action has not started (the driver writes that intent and only then
+// executes). A never action in doubt stops the run resume_state_unknown,
+// as before — unless the run's request asks that it await a resolution
+// (engine.Request.AwaitResolution, in the parameter snapshot): Resume then
+// writes the awaiting-resolution intent (PlanAwaitResolution) and waits.
+// A finding is accepted on any action in doubt (ActionUnknown, whatever
+// its policy, or AwaitingResolution); an approval's answer only while the
+// action awaits approval; each once. What a step completes with must be
+// what its decisions allow: nothing completes while awaiting; an action
+// whose executing intent was never written completes not_executed; a
+// resolved one completes as found. A cancelled run may finish in any of
+// these states.
+//
 // What does not live here: replaying a log and continuing the run (package
 // engine), and reading it from disk (package kv).
 package recovery

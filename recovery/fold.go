@@ -1,6 +1,10 @@
 package recovery
 
-import "github.com/polyloop/polyloop/events"
+import (
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+)
 
 // Fold is a run's log folded event by event: the steps completed, the step
 // in progress, the token usage of the replies and the recorded end, and
@@ -27,13 +31,19 @@ type Fold struct {
 }
 
 // Step is the step in progress: its model intent (nil between steps), the
-// model call's reply or failure (both nil until it is stored), and the
-// action intent (nil until written).
+// model call's reply or failure (both nil until it is stored), the action
+// intent (nil until written; the latest of the step's action intents,
+// which share one result id: one awaiting approval, the one executing it
+// once approved, one awaiting resolution of its outcome), and the
+// decisions on it: Decision an approval's answer, Resolution an
+// operator's finding on an outcome in doubt.
 type Step struct {
-	Model   *events.Intent
-	Reply   *events.ModelReply
-	Failure *string
-	Action  *events.Intent
+	Model      *events.Intent
+	Reply      *events.ModelReply
+	Failure    *string
+	Action     *events.Intent
+	Decision   *events.Decision
+	Resolution *events.Decision
 }
 
 // Apply folds one event.
@@ -58,6 +68,12 @@ func (f *Fold) Apply(ev events.Event) {
 		f.Current = Step{}
 	case events.RunFinished:
 		f.Finished = &ev
+	case events.Decision:
+		if ev.Verdict.Resolves() {
+			f.Current.Resolution = &ev
+		} else {
+			f.Current.Decision = &ev
+		}
 	}
 }
 
@@ -77,17 +93,37 @@ func (f *Fold) State() State {
 		return KnownFailure
 	case c.Action == nil:
 		return ReplyStored
+	case c.Resolution != nil:
+		return Resolved
+	case c.Action.Awaits == events.AwaitsApproval && c.Decision == nil:
+		return AwaitingApproval
+	case c.Action.Awaits == events.AwaitsApproval && c.Decision.Verdict == events.VerdictRejected:
+		return Rejected
+	case c.Action.Awaits == events.AwaitsApproval:
+		return Approved
+	case c.Action.Awaits == events.AwaitsResolution:
+		return AwaitingResolution
 	}
 	return ActionUnknown
 }
 
 // InDoubt is the intent whose side effect's outcome is unknown (in
-// ModelCallUnknown and ActionUnknown), or nil.
+// ModelCallUnknown, ActionUnknown and AwaitingResolution), or nil.
 func (f *Fold) InDoubt() *events.Intent {
 	switch f.State() {
 	case ModelCallUnknown:
 		return f.Current.Model
-	case ActionUnknown:
+	case ActionUnknown, AwaitingResolution:
+		return f.Current.Action
+	}
+	return nil
+}
+
+// Pending is the action intent awaiting a person's decision (in
+// AwaitingApproval and AwaitingResolution), or nil.
+func (f *Fold) Pending() *events.Intent {
+	switch f.State() {
+	case AwaitingApproval, AwaitingResolution:
 		return f.Current.Action
 	}
 	return nil
@@ -113,4 +149,33 @@ func (f *Fold) Result() (events.RunResult, bool) {
 	usage := f.Usage
 	r.Steps, r.Usage = f.Steps[:len(f.Steps):len(f.Steps)], &usage
 	return r, true
+}
+
+// PendingCall is an action waiting for a person's decision: the call a
+// reviewer approves or rejects (Awaits approval), or whose outcome in
+// doubt an operator resolves (Awaits resolution).
+type PendingCall struct {
+	// Call is the action intent's result id: the call's id in decisions
+	// and commands.
+	Call   string        `json:"call"`
+	Step   int           `json:"step"`
+	Awaits events.Awaits `json:"awaits"`
+	// Tool is the tool called ("" for an action without a tool call) and
+	// Arguments its arguments as JSON text.
+	Tool      string `json:"tool,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
+	// ArgumentsSchema is the tool's parameter schema as JSON text, against
+	// which edited arguments are checked.
+	ArgumentsSchema string              `json:"arguments_schema,omitempty"`
+	ReplayPolicy    events.ReplayPolicy `json:"replay_policy"`
+	// Since is when the awaiting intent became durable (zero when not
+	// known).
+	Since time.Time `json:"since,omitzero"`
+}
+
+// PendingCallOf is the pending call an awaiting intent records, durable
+// since at.
+func PendingCallOf(in events.Intent, at time.Time) PendingCall {
+	return PendingCall{Call: in.ResultID, Step: in.CallIndex, Awaits: in.Awaits, Tool: in.ToolName, Arguments: in.Arguments,
+		ArgumentsSchema: in.ArgumentsSchema, ReplayPolicy: in.ReplayPolicy, Since: at}
 }

@@ -40,18 +40,30 @@ const (
 	ReplyStored      State = "reply_stored"       // reply, no action intent, step not completed
 	ActionUnknown    State = "action_unknown"     // action intent, step not completed
 	Finished         State = "finished"           // RunFinished written
+
+	// The rows of human decisions (schema 1.5).
+	AwaitingApproval   State = "awaiting_approval"   // action intent awaiting approval, no decision
+	Approved           State = "approved"            // approved, its executing intent not written
+	Rejected           State = "rejected"            // rejected, step not completed
+	AwaitingResolution State = "awaiting_resolution" // action in doubt awaiting an operator's finding
+	Resolved           State = "resolved"            // finding recorded, step not completed
 )
 
 // Status is the run status of a sound log whose tail is in state s:
-// finished, in_doubt where a side effect's outcome is unknown, running
-// otherwise. A state is that status made finer (which breakpoint), never
-// a second word for it.
+// finished; in_doubt where a side effect's outcome is unknown;
+// awaiting_approval and awaiting_resolution where an action waits for a
+// person; running otherwise. A state is that status made finer (which
+// breakpoint), never a second word for it.
 func (s State) Status() seams.RunStatus {
 	switch s {
 	case Finished:
 		return seams.StatusFinished
 	case ModelCallUnknown, ActionUnknown:
 		return seams.StatusInDoubt
+	case AwaitingApproval:
+		return seams.StatusAwaitingApproval
+	case AwaitingResolution:
+		return seams.StatusAwaitingResolution
 	}
 	return seams.StatusRunning
 }
@@ -70,6 +82,13 @@ const (
 	PlanStopUnknown   Plan = "stop_unknown"
 	PlanCompleteError Plan = "complete_llm_error"
 	PlanReparse       Plan = "reparse"
+
+	// The plans of human decisions (schema 1.5).
+	PlanAwaitDecision    Plan = "await_decision"
+	PlanExecuteApproved  Plan = "execute_approved"
+	PlanCompleteRejected Plan = "complete_rejected"
+	PlanAwaitResolution  Plan = "await_resolution"
+	PlanCompleteResolved Plan = "complete_resolved"
 )
 
 // Describe is the plan in words, for people.
@@ -91,6 +110,16 @@ func (p Plan) Describe() string {
 		return "complete the step as llm_error"
 	case PlanReparse:
 		return "re-parse the stored reply without a model call"
+	case PlanAwaitDecision:
+		return "wait for a person's decision, write nothing"
+	case PlanExecuteApproved:
+		return "write the approved action's intent, then execute it with the same result id"
+	case PlanCompleteRejected:
+		return "complete the step not executed: rejected by the reviewer"
+	case PlanAwaitResolution:
+		return "record that the action in doubt awaits an operator's finding, then wait"
+	case PlanCompleteResolved:
+		return "complete the step as the operator found it, executing nothing"
 	}
 	return string(p)
 }
@@ -98,7 +127,10 @@ func (p Plan) Describe() string {
 // PlanFor is the recovery table: what Resume does in state s, given the
 // replay policy of the side effect in doubt (ignored by the other rows).
 // Only ReplaySafe replays a side effect in doubt; any other policy, an
-// empty or unknown one included, stops the run with resume_state_unknown.
+// empty or unknown one included, stops the run with resume_state_unknown
+// (PlanAwaitResolution instead, when the run's request asks that an
+// action in doubt await an operator: the engine decides that, not the
+// log).
 func PlanFor(s State, policy events.ReplayPolicy) Plan {
 	switch s {
 	case Finished:
@@ -119,6 +151,14 @@ func PlanFor(s State, policy events.ReplayPolicy) Plan {
 			return PlanExecuteAgain
 		}
 		return PlanStopUnknown
+	case AwaitingApproval, AwaitingResolution:
+		return PlanAwaitDecision
+	case Approved:
+		return PlanExecuteApproved
+	case Rejected:
+		return PlanCompleteRejected
+	case Resolved:
+		return PlanCompleteResolved
 	}
 	return PlanNone
 }
@@ -287,6 +327,8 @@ func (c *Classifier) Apply(env events.Envelope) {
 		}
 	case events.StepCompleted:
 		c.stepCompleted(i, env, ev)
+	case events.Decision:
+		fold = c.decision(i, env, ev)
 	case events.RunFinished:
 		if cur.Model != nil {
 			switch ev.Result.StopReason {
@@ -322,11 +364,57 @@ func (c *Classifier) intent(i int, env events.Envelope, ev events.Intent) bool {
 	case cur.Model == nil:
 		c.bad(i, env, "action intent for step %d without a model intent", ev.CallIndex)
 	case cur.Action != nil:
-		c.bad(i, env, "a second action intent for step %d", step)
+		return c.laterAction(i, env, ev)
+	case ev.Awaits == events.AwaitsResolution:
+		c.bad(i, env, "action intent for step %d awaits resolution, but no action of the step is in doubt", step)
 	case ev.CallIndex != step:
 		c.bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, step)
 	case cur.Reply == nil:
 		c.bad(i, env, "action intent for step %d without a model reply", step)
+	default:
+		return true
+	}
+	return false
+}
+
+// laterAction checks a step's second or third action intent: the one that
+// executes an approved action, or the one that says an action in doubt
+// awaits an operator's finding. Both repeat the first one's result id,
+// tool and policy. false leaves it out of the fold.
+func (c *Classifier) laterAction(i int, env events.Envelope, ev events.Intent) bool {
+	step, cur := len(c.fold.Steps), &c.fold.Current
+	prev := cur.Action
+	switch state := c.fold.State(); {
+	case ev.CallIndex != step:
+		c.bad(i, env, "action intent for step %d inside step %d", ev.CallIndex, step)
+	case ev.ResultID != prev.ResultID || ev.ToolName != prev.ToolName || ev.ReplayPolicy != prev.ReplayPolicy:
+		c.bad(i, env, "a second action intent for step %d (result %q, tool %q, policy %s) is not the first's (%q, %q, %s)",
+			step, ev.ResultID, ev.ToolName, ev.ReplayPolicy, prev.ResultID, prev.ToolName, prev.ReplayPolicy)
+	case state == Approved && ev.Awaits == "":
+		return true // the approved action, executed now
+	case state == ActionUnknown && ev.Awaits == events.AwaitsResolution:
+		return true // the action in doubt awaits a finding
+	default:
+		c.bad(i, env, "a second action intent for step %d (awaits %q) in state %s", step, ev.Awaits, state)
+	}
+	return false
+}
+
+// decision checks a person's decision: on the step's action intent, an
+// approval's answer only while it awaits one, a finding only on an action
+// that was executed (or may have been) and is not yet completed, each
+// once. false leaves it out of the fold.
+func (c *Classifier) decision(i int, env events.Envelope, ev events.Decision) bool {
+	cur := &c.fold.Current
+	switch state := c.fold.State(); {
+	case cur.Action == nil:
+		c.bad(i, env, "decision on %q without a pending action intent", ev.ResultID)
+	case ev.ResultID != cur.Action.ResultID:
+		c.bad(i, env, "decision on %q, but the step's action intent is %q", ev.ResultID, cur.Action.ResultID)
+	case !ev.Verdict.Resolves() && state != AwaitingApproval:
+		c.bad(i, env, "decision %s on %q in state %s: the action does not await approval", ev.Verdict, ev.ResultID, state)
+	case ev.Verdict.Resolves() && state != ActionUnknown && state != AwaitingResolution:
+		c.bad(i, env, "finding %s on %q in state %s: the action's outcome is not in doubt", ev.Verdict, ev.ResultID, state)
 	default:
 		return true
 	}
@@ -354,5 +442,29 @@ func (c *Classifier) stepCompleted(i int, env events.Envelope, ev events.StepCom
 		c.bad(i, env, "step %d wrote an action intent but its step_completed has no result_id", step)
 	case ev.ResultID != "" && ev.ActionOutcome == nil:
 		c.bad(i, env, "step %d closes action intent %q without an outcome", step, ev.ResultID)
+	case ev.ActionOutcome == nil:
+	default:
+		c.decided(i, env, ev.ActionOutcome.Status)
+	}
+}
+
+// decided checks that a completed step's outcome is one its decisions
+// allow: nothing completes while awaiting a person; an action that never
+// got its executing intent (awaiting approval, rejected, or approved with
+// arguments that then failed validation) was not executed; a finding is
+// the outcome recorded.
+func (c *Classifier) decided(i int, env events.Envelope, status events.ActionStatus) {
+	step, cur := len(c.fold.Steps), &c.fold.Current
+	switch state := c.fold.State(); state {
+	case AwaitingApproval, AwaitingResolution:
+		c.bad(i, env, "step %d completed while its action awaits a person's decision", step)
+	case Approved, Rejected:
+		if status != events.StatusNotExecuted {
+			c.bad(i, env, "step %d completed %s, but its action was never executed (%s, no executing intent)", step, status, state)
+		}
+	case Resolved:
+		if string(status) != string(cur.Resolution.Verdict) {
+			c.bad(i, env, "step %d completed %s, but the operator found it %s", step, status, cur.Resolution.Verdict)
+		}
 	}
 }

@@ -25,6 +25,23 @@ type ToolSpec struct {
 	ReplayPolicy events.ReplayPolicy
 	// CompletesRun: executing this tool reaches the goal (task_completed).
 	CompletesRun bool
+	// RequiresApproval: every call of this tool waits, durably, for a
+	// person's approval before it runs (engine.Decide); see also
+	// ApprovalPolicy, which decides per call.
+	RequiresApproval bool
+}
+
+// ApprovalPolicy decides per action whether a person must approve it
+// before it runs (engine.Request.Approval): "refunds over 100", say, from
+// the tool call's name and arguments. It is asked only for actions that
+// passed validation and whose tool does not already require approval
+// (ToolSpec.RequiresApproval). Like a seam it reports the Parameters that
+// change its answers, recorded in the run's parameter snapshot (prefixed
+// approval.), so a resumed run decides as the run did. It must be pure:
+// no I/O, the same answer for the same action.
+type ApprovalPolicy interface {
+	RequiresApproval(a Action) bool
+	Parameters() map[string]string
 }
 
 type actionCallKey struct{}
@@ -197,12 +214,39 @@ func (r *Registry) Validate(call ToolCall) error {
 	if err != nil {
 		return fmt.Errorf("%w for %q: not JSON: %v", ErrInvalidArguments, call.Name, err)
 	}
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
-	if err != nil {
-		return fmt.Errorf("%w for %q: %v", ErrInvalidArguments, call.Name, err)
+	return validateJSON(t.schema, call.Name, b)
+}
+
+// ValidateArguments checks args, a JSON object as text, against schema, a
+// tool's parameter schema as JSON text, as Validate checks a call: for a
+// recorded call whose registry is not at hand (edited arguments of an
+// approval, checked against the schema its awaiting intent recorded).
+// An error matches ErrInvalidArguments, or names a schema that does not
+// compile.
+func ValidateArguments(tool, schema, args string) error {
+	var params map[string]any
+	if err := json.Unmarshal([]byte(schema), &params); err != nil || params == nil {
+		return fmt.Errorf("seams: tool %q: the recorded parameter schema is not a JSON object", tool)
 	}
-	if err := t.schema.Validate(v); err != nil {
-		return fmt.Errorf("%w for %q: %v", ErrInvalidArguments, call.Name, err)
+	compiled, err := compileSchema(tool, params)
+	if err != nil {
+		return err
+	}
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
+		return fmt.Errorf("%w for %q: not a JSON object", ErrInvalidArguments, tool)
+	}
+	return validateJSON(compiled, tool, []byte(args))
+}
+
+// validateJSON checks a JSON document against a compiled schema.
+func validateJSON(schema *jsonschema.Schema, tool string, doc []byte) error {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("%w for %q: %v", ErrInvalidArguments, tool, err)
+	}
+	if err := schema.Validate(v); err != nil {
+		return fmt.Errorf("%w for %q: %v", ErrInvalidArguments, tool, err)
 	}
 	return nil
 }

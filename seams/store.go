@@ -370,6 +370,14 @@ const (
 	// classifies the log tells it (recovery.State.Status); an index never
 	// says it, and a run a driver holds is running whatever its tail.
 	StatusInDoubt RunStatus = "in_doubt"
+	// StatusAwaitingApproval: an unfinished run whose tail is an action
+	// awaiting a person's approval (engine.Decide); nothing drives it
+	// until a decision is recorded. StatusAwaitingResolution: one whose
+	// tail is an action in doubt awaiting an operator's finding
+	// (engine.Resolve). Like in_doubt, only a reader that classifies the
+	// log tells them; an index says running.
+	StatusAwaitingApproval   RunStatus = "awaiting_approval"
+	StatusAwaitingResolution RunStatus = "awaiting_resolution"
 	// StatusCorrupt: the run is damaged: an index entry that fails its
 	// checksum (only RunID is known), a stream whose entry is lost, or a
 	// log a reader found damaged or breaking a structural rule. Loading
@@ -378,7 +386,8 @@ const (
 )
 
 // RunStatuses lists every RunStatus, in the order listings explain them.
-var RunStatuses = []RunStatus{StatusFinished, StatusRunning, StatusAwaiting, StatusInterrupted, StatusInDoubt, StatusCorrupt}
+var RunStatuses = []RunStatus{StatusFinished, StatusRunning, StatusAwaiting, StatusInterrupted, StatusInDoubt,
+	StatusAwaitingApproval, StatusAwaitingResolution, StatusCorrupt}
 
 // Resumable reports whether a run in status s has no end recorded and a
 // sound log, so engine.Resume continues it (running, awaiting or

@@ -1,0 +1,225 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// AwaitingError is how Run and Resume return a run that waits, unfinished,
+// for a person: it matches ErrAwaitingDecision, and Calls lists the calls
+// awaiting a decision (engine/doc.go, "Human decisions", says why this is
+// an error and not a RunResult).
+type AwaitingError struct {
+	RunID string
+	// Calls are the pending calls. A step carries one action (a parser's
+	// decision holds one tool call), so a run has one pending call at a
+	// time; the list is what a caller iterates whatever the count.
+	Calls []recovery.PendingCall
+}
+
+func (e *AwaitingError) Error() string {
+	parts := make([]string, len(e.Calls))
+	for i, c := range e.Calls {
+		what := "action"
+		if c.Tool != "" {
+			what = fmt.Sprintf("%s(%s)", c.Tool, c.Arguments)
+		}
+		parts[i] = fmt.Sprintf("%s of step %d awaits %s (call %s)", what, c.Step, c.Awaits, c.Call)
+	}
+	return fmt.Sprintf("engine: run %q waits for a person: %s", e.RunID, strings.Join(parts, "; "))
+}
+
+// Unwrap returns ErrAwaitingDecision.
+func (e *AwaitingError) Unwrap() error { return ErrAwaitingDecision }
+
+// Errors of Decide and Resolve. Each refusal writes nothing.
+var (
+	// ErrNoSuchCall: the run has no action of that call id (it may be
+	// another run's call).
+	ErrNoSuchCall = errors.New("engine: no such call in this run")
+	// ErrNotPending: the call is the run's, but does not await the
+	// decision asked for (it completed, awaits another kind of decision,
+	// or its outcome is not in doubt).
+	ErrNotPending = errors.New("engine: the call does not await this decision")
+	// ErrAlreadyDecided: a decision on the call is already recorded.
+	ErrAlreadyDecided = errors.New("engine: the call is already decided")
+	// ErrInvalidDecision: the decision itself is wrong (no name, a verdict
+	// of the other kind, edited arguments the tool's schema refuses).
+	ErrInvalidDecision = errors.New("engine: invalid decision")
+)
+
+// decideWait bounds how long Decide and Resolve wait for a driver that
+// holds the run (one finding it awaiting, or one that resumes it) to let
+// go before reporting ErrRunBusy.
+const decideWait = 3 * time.Second
+
+// Decide records a person's decision on a call awaiting approval:
+// d.Verdict approved (optionally with edited d.Arguments, a JSON object
+// checked against the tool's parameter schema recorded with the call) or
+// rejected, by d.By (an opaque name, required), with an optional d.Note.
+// d.RunID names the run and d.ResultID the call (PendingCall.Call). The decision is one
+// durable event under the tail rule: of two people deciding at once,
+// exactly one is recorded and the other gets ErrAlreadyDecided. It needs
+// no driver: Resume (or a worker) then executes an approved action once,
+// with its pre-allocated result id, or completes a rejected one not
+// executed, the model told "rejected by reviewer: <note>". A store that
+// queues runs for workers (seams.RunQueue) gets the run handed back at
+// once.
+//
+// Decide refuses, writing nothing: an invalid decision
+// (ErrInvalidDecision), a run with no log (ErrRunNotFound), a damaged one
+// (recovery.ErrCorrupt), a call not in the run (ErrNoSuchCall), one that
+// does not await approval (ErrNotPending), one already decided
+// (ErrAlreadyDecided), and a run a driver holds past a short wait
+// (ErrRunBusy).
+func Decide(ctx context.Context, store seams.RunStore, d events.Decision) (events.Envelope, error) {
+	if d.Verdict.Resolves() {
+		return events.Envelope{}, fmt.Errorf("%w: %s is an operator's finding on an action in doubt: use Resolve", ErrInvalidDecision, d.Verdict)
+	}
+	return record(ctx, store, d)
+}
+
+// Resolve records an operator's finding on an action whose outcome a crash
+// left in doubt — one whose intent is the run's tail (recovery's
+// ActionUnknown, whatever its replay policy) or that awaits a resolution
+// (Request.AwaitResolution): d.Verdict executed, with d.Observation what
+// they saw of its effect (the observation the model is fed), or
+// not_executed. Resume then completes the step as found and goes on,
+// never executing the action. It refuses as Decide refuses; a call that is
+// not in doubt (awaiting approval, completed) is ErrNotPending, and a run
+// a live driver holds — its action is in progress, not in doubt — is
+// ErrRunBusy.
+func Resolve(ctx context.Context, store seams.RunStore, d events.Decision) (events.Envelope, error) {
+	if d.Verdict != "" && !d.Verdict.Resolves() {
+		return events.Envelope{}, fmt.Errorf("%w: %s answers an approval: use Decide", ErrInvalidDecision, d.Verdict)
+	}
+	return record(ctx, store, d)
+}
+
+// record is Decide and Resolve: take the run, check the decision against
+// its log, append it after the log's last event.
+func record(ctx context.Context, store seams.RunStore, d events.Decision) (events.Envelope, error) {
+	runID := d.RunID
+	if err := seams.ValidRunID(runID); err != nil {
+		return events.Envelope{}, fmt.Errorf("%w: %w", ErrInvalidDecision, err)
+	}
+	if err := d.Validate(); err != nil {
+		return events.Envelope{}, fmt.Errorf("%w: run %q: %w", ErrInvalidDecision, runID, err)
+	}
+	release, err := lockWaiting(ctx, store, runID)
+	if err != nil {
+		return events.Envelope{}, fmt.Errorf("engine: decide on call %q of run %q: %w", d.ResultID, runID, err)
+	}
+	env, err := func() (events.Envelope, error) {
+		defer release()
+		stream, err := store.Load(ctx, runID)
+		_, err = recovery.ClassifyLoaded(runID, stream, err)
+		switch {
+		case err != nil:
+			return events.Envelope{}, err
+		case len(stream) == 0:
+			return events.Envelope{}, ErrRunNotFound
+		}
+		if err := decidable(stream, d); err != nil {
+			return events.Envelope{}, err
+		}
+		envs, err := store.Append(ctx, runID, stream[len(stream)-1].ID, d)
+		if errors.Is(err, seams.ErrTailMoved) {
+			return events.Envelope{}, fmt.Errorf("%w: another writer appended to the run meanwhile; ask again: %w", ErrRunBusy, err)
+		}
+		if err != nil {
+			return events.Envelope{}, err
+		}
+		return envs[0], nil
+	}()
+	if err != nil {
+		return events.Envelope{}, fmt.Errorf("engine: decide on call %q of run %q: %w", d.ResultID, runID, err)
+	}
+	// The run waits no more: hand it to the workers now, rather than when
+	// a worker next looks at the runs it parked (a run no pool queues, or
+	// one a worker took meanwhile, is left as it is).
+	if q, ok := store.(seams.RunQueue); ok {
+		_ = q.RequeueRun(ctx, runID)
+	}
+	return env, nil
+}
+
+// lockWaiting takes runID as a driver would, waiting up to decideWait for
+// a driver that holds it to let go.
+func lockWaiting(ctx context.Context, store seams.RunStore, runID string) (func(), error) {
+	deadline := time.Now().Add(decideWait)
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		release, err := lockRun(store, runID)
+		if !errors.Is(err, ErrRunBusy) || time.Now().After(deadline) {
+			return release, err
+		}
+		t := time.NewTimer(min(wait, 500*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+}
+
+// decidable checks decision d against the log it would follow: the call
+// must be the step's pending action, awaiting the kind of decision d is,
+// and not decided yet; edited arguments must satisfy the recorded schema.
+func decidable(stream []events.Envelope, d events.Decision) error {
+	f := recovery.Fold{}
+	for _, env := range stream {
+		f.Apply(env.Event)
+	}
+	cur := f.Current
+	if cur.Action == nil || cur.Action.ResultID != d.ResultID {
+		return notPending(stream, d.ResultID)
+	}
+	state := f.State()
+	if !d.Verdict.Resolves() {
+		switch state {
+		case recovery.AwaitingApproval:
+		case recovery.Approved, recovery.Rejected:
+			return fmt.Errorf("%w: %s by %q", ErrAlreadyDecided, cur.Decision.Verdict, cur.Decision.By)
+		default:
+			return fmt.Errorf("%w: it awaits no approval (state %s)", ErrNotPending, state)
+		}
+		if d.Arguments != nil {
+			if cur.Action.ToolName == "" || cur.Action.ArgumentsSchema == "" {
+				return fmt.Errorf("%w: the action calls no tool whose arguments could be edited", ErrInvalidDecision)
+			}
+			if err := seams.ValidateArguments(cur.Action.ToolName, cur.Action.ArgumentsSchema, *d.Arguments); err != nil {
+				return fmt.Errorf("%w: edited arguments: %w", ErrInvalidDecision, err)
+			}
+		}
+		return nil
+	}
+	switch state {
+	case recovery.ActionUnknown, recovery.AwaitingResolution:
+		return nil
+	case recovery.Resolved:
+		return fmt.Errorf("%w: found %s by %q", ErrAlreadyDecided, cur.Resolution.Verdict, cur.Resolution.By)
+	}
+	return fmt.Errorf("%w: its outcome is not in doubt (state %s: the action has not run)", ErrNotPending, state)
+}
+
+// notPending says why a call that is not the step's pending action cannot
+// be decided: it is an earlier, completed call of the run, or none of its.
+func notPending(stream []events.Envelope, call string) error {
+	for _, env := range stream {
+		if in, ok := env.Event.(events.Intent); ok && in.ResultID == call {
+			if in.IntentKind == events.IntentModelCall {
+				return fmt.Errorf("%w: %q is the model call of step %d, not an action", ErrNotPending, call, in.CallIndex)
+			}
+			return fmt.Errorf("%w: the action of step %d has completed", ErrNotPending, in.CallIndex)
+		}
+	}
+	return fmt.Errorf("%w: %q", ErrNoSuchCall, call)
+}
