@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 
@@ -175,6 +176,9 @@ type Verdict struct {
 	Plan    Plan
 	// Result is the recorded result of a finished run, steps included.
 	Result *events.RunResult
+	// Pending is the call awaiting a person's decision (AwaitingApproval,
+	// AwaitingResolution), nil otherwise.
+	Pending *PendingCall
 
 	steps []events.StepRecord
 }
@@ -201,6 +205,7 @@ type Classifier struct {
 	reasons []string
 	n       int       // events applied
 	prev    ulid.ULID // the last event's key
+	acted   time.Time // when the latest action intent folded was written
 }
 
 // NewClassifier classifies runID's stream.
@@ -228,6 +233,10 @@ func (c *Classifier) Verdict(loadErr error) (Verdict, error) {
 	v := Verdict{RunID: c.runID, Step: len(f.Steps), State: f.State(), InDoubt: f.InDoubt(), Plan: f.Plan(), steps: f.Steps}
 	if r, ok := f.Result(); ok {
 		v.Result = &r
+	}
+	if in := f.Pending(); in != nil {
+		p := PendingCallOf(*in, c.acted)
+		v.Pending = &p
 	}
 	return v, nil
 }
@@ -340,6 +349,9 @@ func (c *Classifier) Apply(env events.Envelope) {
 		}
 	}
 	if fold {
+		if in, ok := env.Event.(events.Intent); ok && in.IntentKind == events.IntentAction {
+			c.acted = env.Time()
+		}
 		f.Apply(env.Event)
 	}
 }

@@ -16,8 +16,9 @@ import (
 // (Live): running when a live driver holds it, whatever its tail — an
 // intent without its result is then a call in progress, not a side
 // effect in doubt — and, for a run nobody holds, in_doubt when its tail
-// leaves a side effect's outcome unknown, awaiting or interrupted
-// otherwise.
+// leaves a side effect's outcome unknown, awaiting_approval or
+// awaiting_resolution when an action waits for a person, awaiting or
+// interrupted otherwise.
 func Status(info seams.RunInfo, v recovery.Verdict, err error, now time.Time) seams.RunStatus {
 	switch {
 	case err != nil:
@@ -26,8 +27,10 @@ func Status(info seams.RunInfo, v recovery.Verdict, err error, now time.Time) se
 		return seams.StatusFinished
 	}
 	s := Live(info, now)
-	if s != seams.StatusRunning && v.State.Status() == seams.StatusInDoubt {
-		return seams.StatusInDoubt
+	switch tail := v.State.Status(); {
+	case s == seams.StatusRunning:
+	case tail == seams.StatusInDoubt, tail == seams.StatusAwaitingApproval, tail == seams.StatusAwaitingResolution:
+		return tail
 	}
 	return s
 }
