@@ -155,10 +155,9 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 // ReleaseRun implements seams.RunQueue. No other Store holds a run of this
 // file now (the file lock keeps other processes out), so only a driver of
 // this process keeps the run as it is: otherwise its claim (this Store's,
-// or an ended Open's) is cleared and, without a failure, it is claimable at
-// once (its retry time cleared); with one, the failure count goes up, the
-// failure is kept as the last error (cut to 4 KiB) and the run is
-// claimable again after retry. The run is reserved (RunLocks) while its
+// or an ended Open's) is cleared and it is claimable again after retry (at
+// once for 0, its retry time cleared); with a failure, the failure count
+// goes up and the failure is kept as the last error (cut to 4 KiB). The run is reserved (RunLocks) while its
 // entry is written. A run no worker claims — finished, never queued, or
 // started without an agent (an entry holding only a cancel request) — is
 // left alone; a damaged entry is an ErrCorrupt error (RequeueRun rewrites
@@ -184,13 +183,15 @@ func (s *Store) ReleaseRun(ctx context.Context, runID, failure string, retry tim
 		switch {
 		case err != nil:
 			return err
-		case q == nil, q.Agent == "", q.Owner == "" && failure == "" && q.RetryAt == 0:
+		case q == nil, q.Agent == "", q.Owner == "" && failure == "" && retry == 0 && q.RetryAt == 0:
 			return errNothing
 		}
 		q.Owner, q.RetryAt = "", 0
 		if failure != "" {
 			q.Failures++
 			q.LastError = clip(failure, maxLastError)
+		}
+		if failure != "" || retry > 0 {
 			q.RetryAt = s.clock().Add(retry).UnixNano()
 		}
 		return putQueued(queue, runID, *q)

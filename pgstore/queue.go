@@ -55,13 +55,13 @@ func queueQueries(sub func(string) string, q *queries) {
 	RETURNING run_id, agent, first_event)
 SELECT run_id, agent FROM c ORDER BY first_event, run_id`)
 	// Run $1 given back by owner $2 (or already released), when it is
-	// unfinished and queued: without a failure ($3 null) claimable at
-	// once; with one, recorded, counted, and claimable again $4
-	// microseconds from now.
+	// unfinished and queued: claimable again $4 microseconds from now (at
+	// once for 0); with a failure ($3 not null) that is recorded and
+	// counted.
 	q.giveBack = sub(`UPDATE {{schema}}.runs SET lease_owner = NULL, lease_expires = NULL,
 	failures = failures + CASE WHEN $3::text IS NULL THEN 0 ELSE 1 END,
 	last_error = coalesce($3::text, last_error),
-	retry_at = CASE WHEN $3::text IS NULL THEN NULL ELSE now() + $4::bigint * interval '1 microsecond' END
+	retry_at = CASE WHEN $3::text IS NULL AND $4::bigint = 0 THEN NULL ELSE now() + $4::bigint * interval '1 microsecond' END
 WHERE run_id = $1 AND status = 'running' AND agent IS NOT NULL AND (lease_owner IS NULL OR lease_owner = $2)`)
 	// Run $1 handed back to the workers by an operator, when it is queued,
 	// unfinished and nobody live holds it.

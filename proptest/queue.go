@@ -303,7 +303,7 @@ func RunQueueContract(t *testing.T, open func(t *testing.T) QueueStore, another 
 			}
 			wantClaimed(t, s, []string{"alpha"}, 1, "alpha-1")
 			lockedRun(t, s, "alpha-1")() // the engine lets go as the worker shuts down
-			giveBack(t, s, "alpha-1", "", time.Hour)
+			giveBack(t, s, "alpha-1", "", 0)
 			info := describedRun(t, s, "alpha-1")
 			if info.Status != seams.StatusAwaiting || info.Owner != "" || !info.RetryAt.IsZero() || info.Failures != failures.before || info.LastError != failures.lastError {
 				t.Errorf("release %d: %+v, want awaiting, held by nobody, no retry time, %d failures, last error %q",
@@ -316,6 +316,32 @@ func RunQueueContract(t *testing.T, open func(t *testing.T) QueueStore, another 
 			wantClaimed(t, claimer, []string{"alpha"}, 1, "alpha-1")
 			giveBack(t, claimer, "alpha-1", "", 0)
 		}
+	})
+
+	t.Run("AReleaseWithoutAFailureButWithARetryHidesTheRunAndCountsNothing", func(t *testing.T) {
+		// A worker parks a run that waits for a person's decision: not a
+		// failure, but nothing to claim before its retry time.
+		s := open(t)
+		other := second(t, s)
+		startQueued(t, s, "alpha-parked", "alpha")
+		wantClaimed(t, s, []string{"alpha"}, 1, "alpha-parked")
+		giveBack(t, s, "alpha-parked", "model: 503", 0)
+		wantClaimed(t, s, []string{"alpha"}, 1, "alpha-parked")
+		before := time.Now()
+		giveBack(t, s, "alpha-parked", "", time.Hour)
+		info := describedRun(t, s, "alpha-parked")
+		if info.Status != seams.StatusAwaiting || info.Owner != "" || info.Failures != 1 || info.LastError != "model: 503" ||
+			info.RetryAt.Before(before.Add(59*time.Minute)) {
+			t.Errorf("parked: %+v, want awaiting, held by nobody, 1 failure kept, retry in an hour", info)
+		}
+		wantClaimed(t, s, []string{"alpha"}, 5)
+		if other != nil {
+			wantClaimed(t, other, []string{"alpha"}, 5)
+		}
+		if err := s.RequeueRun(ctx, "alpha-parked"); err != nil {
+			t.Fatalf("RequeueRun of a parked run: %v", err)
+		}
+		wantClaimed(t, s, []string{"alpha"}, 5, "alpha-parked")
 	})
 
 	t.Run("AFailedReleaseRecordsTheFailureAndHidesTheRunUntilItsRetryTime", func(t *testing.T) {

@@ -44,10 +44,11 @@ type RunQueue interface {
 	ClaimRuns(ctx context.Context, agents []string, max int) ([]Claim, error)
 	// ReleaseRun gives back a run this store claimed and no longer drives
 	// (its driver let go, or never took it). With an empty failure the run
-	// is claimable at once (a worker that shuts down): its retry time is
-	// cleared, its failure count and last error kept; otherwise failure
-	// is recorded as the run's last error, its failure count goes up, and
-	// it is claimable again after retry. A run a driver of this store
+	// is claimable after retry — at once for 0 (a worker that shuts down),
+	// later for a run that waits for something else, a person's decision
+	// — its failure count and last error kept; otherwise failure is
+	// recorded as the run's last error, its failure count goes up, and it
+	// is claimable again after retry. A run a driver of this store
 	// holds, one another store holds now, a finished run, a run started
 	// without an agent and a run the store does not hold are left as they
 	// are (nil error, nothing written). A negative retry is an error.

@@ -70,10 +70,17 @@ type Options struct {
 	// claimed again; each further failure doubles it, up to MaxRetryAfter.
 	RetryAfter    time.Duration
 	MaxRetryAfter time.Duration
+	// DecisionRecheck is how long a run that waits for a person's decision
+	// (engine.ErrAwaitingDecision) is left unclaimed once a worker found
+	// it waiting; not a failure. engine.Decide and engine.Resolve hand the
+	// run back at once, so this only bounds how late a decision recorded
+	// some other way is noticed.
+	DecisionRecheck time.Duration
 	// Done, when set, is called as each drive ends: with the run's result
 	// when it finished (err nil), or with the error that stopped it
 	// (engine.ErrInterrupted at shutdown, engine.ErrRunBusy when another
-	// driver had it, or the failure the pool recorded). It is called from
+	// driver had it, an *engine.AwaitingError when it waits for a person's
+	// decision, or the failure the pool recorded). It is called from
 	// each run's goroutine, so concurrently; the run's slot is free only
 	// once it returns.
 	Done func(runID string, result events.RunResult, err error)
@@ -91,10 +98,11 @@ const claimGather = 10 * time.Millisecond
 
 // Defaults of Options.
 const (
-	DefaultConcurrency   = 64
-	DefaultClaimInterval = time.Second
-	DefaultRetryAfter    = time.Second
-	DefaultMaxRetryAfter = 5 * time.Minute
+	DefaultConcurrency     = 64
+	DefaultClaimInterval   = time.Second
+	DefaultRetryAfter      = time.Second
+	DefaultMaxRetryAfter   = 5 * time.Minute
+	DefaultDecisionRecheck = 5 * time.Minute
 )
 
 func (o Options) withDefaults() Options {
@@ -109,6 +117,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxRetryAfter <= 0 {
 		o.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if o.DecisionRecheck <= 0 {
+		o.DecisionRecheck = DefaultDecisionRecheck
 	}
 	if o.MaxRetryAfter < o.RetryAfter {
 		o.MaxRetryAfter = o.RetryAfter
@@ -314,6 +325,10 @@ func (p *Pool) drive(ctx context.Context, c seams.Claim, stop <-chan struct{}) {
 		// or it was deleted.
 	case errors.Is(err, engine.ErrInterrupted):
 		err = p.release(ctx, c.RunID, "", 0, err)
+	case errors.Is(err, engine.ErrAwaitingDecision):
+		// Waiting for a person is not a failure; nothing to claim until
+		// the decision hands the run back.
+		err = p.release(ctx, c.RunID, "", p.opts.DecisionRecheck, err)
 	default:
 		err = p.release(ctx, c.RunID, err.Error(), p.backoff(ctx, c.RunID), err)
 	}

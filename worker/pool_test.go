@@ -32,6 +32,7 @@ type rig struct {
 	executions map[string]int
 	builds     atomic.Int64
 	failBuild  atomic.Bool
+	approval   bool // pay requires a person's approval
 }
 
 func newRig(steps int) *rig { return &rig{steps: steps, executions: map[string]int{}} }
@@ -42,7 +43,7 @@ func (r *rig) agent(ctx context.Context, runID string, input []byte) (engine.Def
 		return engine.Definition{}, engine.Request{}, errors.New("the agent's configuration is missing")
 	}
 	tools, err := seams.NewRegistry(seams.Tool{
-		Spec: seams.ToolSpec{Name: "pay", ReplayPolicy: events.ReplayNever, Parameters: map[string]any{"type": "object"}},
+		Spec: seams.ToolSpec{Name: "pay", ReplayPolicy: events.ReplayNever, Parameters: map[string]any{"type": "object"}, RequiresApproval: r.approval},
 		Handler: func(context.Context, map[string]any) (string, error) {
 			return "", errors.New("the rig's executor runs pay")
 		},
@@ -381,5 +382,76 @@ func TestAWorkerSaysWhyItClaimsNothing(t *testing.T) {
 	}
 	if err := p.Work(context.Background()); !errors.Is(err, worker.ErrWorking) {
 		t.Fatalf("a second Work: %v, want ErrWorking", err)
+	}
+}
+
+// TestARunAwaitingADecisionIsParkedUntilTheDecision: a worker that finds
+// its run waiting for a person gives it back without counting a failure,
+// and no worker claims it again until the decision hands it back; then
+// the approved payment is made once and the run finishes.
+func TestARunAwaitingADecisionIsParkedUntilTheDecision(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) seams.RunStore{
+		"memstore": func(*testing.T) seams.RunStore { return &seamstest.MemStore{} },
+		"kv": func(t *testing.T) seams.RunStore {
+			s, err := kv.Open(filepath.Join(t.TempDir(), "runs.db"), kv.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			store := open(t)
+			r, res := newRig(1), newResults()
+			r.approval = true
+			awaiting := make(chan *engine.AwaitingError, 16)
+			done := func(runID string, result events.RunResult, err error) {
+				var a *engine.AwaitingError
+				if errors.As(err, &a) {
+					select {
+					case awaiting <- a:
+					default: // claimed again and again: the test fails on the builds
+					}
+				}
+				res.done(runID, result, err)
+			}
+			p, err := worker.New(store, map[string]worker.Agent{"payer": r.agent},
+				worker.Options{ClaimInterval: 5 * time.Millisecond, DecisionRecheck: time.Hour, Done: done})
+			if err != nil {
+				t.Fatal(err)
+			}
+			submit(t, p, 3)
+			stop := work(t, p)
+			defer stop()
+			var pending []*engine.AwaitingError
+			for range 3 {
+				select {
+				case a := <-awaiting:
+					pending = append(pending, a)
+				case <-time.After(30 * time.Second):
+					t.Fatalf("runs did not come to await a decision; errors so far: %v", res.errs)
+				}
+			}
+			builds := r.builds.Load()
+			time.Sleep(100 * time.Millisecond) // twenty claim intervals
+			if got := r.builds.Load(); got != builds {
+				t.Fatalf("a run awaiting a decision was claimed again %d times before any decision", got-builds)
+			}
+			for _, a := range pending {
+				info, err := store.(seams.RunDescriber).Describe(context.Background(), a.RunID)
+				if err != nil || info.Failures != 0 {
+					t.Fatalf("%s parked: %+v, %v; want no failure counted", a.RunID, info, err)
+				}
+				if _, err := engine.Decide(context.Background(), store, events.Decision{RunID: a.RunID, ResultID: a.Calls[0].Call,
+					Verdict: events.VerdictApproved, By: "ana"}); err != nil {
+					t.Fatalf("approve %s: %v", a.RunID, err)
+				}
+			}
+			res.waitFinished(t, 3)
+			if len(r.executions) != 3 || len(r.twice()) > 0 {
+				t.Fatalf("%d payments, %v twice; want 3, each once", len(r.executions), r.twice())
+			}
+		})
 	}
 }

@@ -122,7 +122,10 @@ func (m *MemStore) ReleaseRun(ctx context.Context, runID, failure string, retry 
 	q.claimed, q.retryAt = false, time.Time{}
 	if failure != "" {
 		q.failures++
-		q.lastError, q.retryAt = failure, time.Now().Add(retry)
+		q.lastError = failure
+	}
+	if failure != "" || retry > 0 {
+		q.retryAt = time.Now().Add(retry)
 	}
 	return nil
 }
