@@ -1,6 +1,7 @@
 // Package engine runs agents: Definition (what stays the same across runs:
 // model, parser, store, sink), Request (one run's goal, budget, tools and
-// policies), Run and Resume.
+// policies), Run and Resume; Start, Cancel, Decide and Resolve operate a
+// run from outside the process that drives it.
 //
 // # Machine, commands, driver
 //
@@ -104,6 +105,53 @@
 // ending its runs. A run that would stop anyway at that boundary (a
 // budget, a final answer) finishes. Start uses it to write a run's
 // RunStarted alone (a submitted run, which a worker drives).
+//
+// # Human decisions
+//
+// An action may need a person's approval before it runs: every call of a
+// tool whose spec says so (seams.ToolSpec.RequiresApproval), or the calls
+// a request's seams.ApprovalPolicy picks from the tool name and arguments
+// ("refunds over 100"); both are part of the parameter snapshot. Such an
+// action gets its durable intent as every side effect does — with its
+// pre-allocated result id, the call's arguments and the tool's schema —
+// marked as awaiting approval, and Run or Resume returns at once: nothing
+// is held, the process may exit, the machine may be replaced. Decide
+// records the person's decision as a durable event (who, an optional
+// note, and for an approval optionally edited arguments, checked against
+// the schema the intent recorded) after the log's tail, under the same
+// tail rule as every append and needing no driver. Resume then continues:
+// an approved action gets its intent proper — same result id, awaiting
+// nothing — and only then runs (a crash after that intent leaves an
+// ordinary action in doubt under its replay policy; a crash before it
+// leaves an approved action that has not started, which the next Resume
+// runs: once, ever); a rejected one completes not_executed, the model
+// told "rejected by reviewer: <note>", and the run goes on.
+//
+// A run that waits for a person is not finished and not stopped, so it
+// has no stop reason (the ten stay as they are) and no RunResult: Run and
+// Resume return an *AwaitingError (ErrAwaitingDecision) listing the calls
+// that await a decision. An error, not a result field, because a result
+// means the run stopped — a caller who reads a RunResult's stop reason
+// without looking at its error would take a waiting run for a finished
+// one — while an error is what a caller must handle before going on, as
+// ErrInterrupted is for a run stopped unfinished.
+//
+// A side effect left in doubt by a crash (a never action whose outcome is
+// unknown) ends the run resume_state_unknown, as before, unless a person
+// settles it: Resolve records an operator's finding — executed, with what
+// they saw of its effect, or not executed — on a run nobody drives whose
+// tail is that action, and Resume completes the step as found, never
+// executing the action. Since a resume (a worker's included) ends such a
+// run at once, Request.AwaitResolution makes the run wait for a finding
+// instead, exactly as for an approval. recovery/doc.go has the rows.
+//
+// In a StepRecord a decision shows where the eighteen fields already say
+// it: tool_arguments are the arguments that ran (an approval's edited
+// ones), a rejected step's observation is "rejected by reviewer: <note>"
+// and its action_status not_executed, a resolved step's observation the
+// operator's (observation_is_synthetic: the executor did not produce it);
+// who decided, when and the note live in the Decision event of the
+// stream. step_wall_ms includes the wait for the decision.
 //
 // # Choices worth knowing
 //
