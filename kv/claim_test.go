@@ -291,9 +291,10 @@ func TestAClaimedRunIsTheClaimersToDrive(t *testing.T) {
 
 // TestReleaseRunGivesARunBack: a worker gives back a run it claimed; with
 // a failure the run waits for its retry time, and its failure count and
-// last error say why; without one it is claimable at once, its retry time
-// cleared (a table of releases, each after a claim). A run no worker
-// claims is left alone.
+// last error say why; without one it is claimable once its retry time
+// comes — at once for none, its retry time cleared; later for a run that
+// waits for a decision, its failures kept (a table of releases, each
+// after a claim). A run no worker claims is left alone.
 func TestReleaseRunGivesARunBack(t *testing.T) {
 	s := openQueueStore(t, formatLog)
 	ctx := context.Background()
@@ -309,18 +310,20 @@ func TestReleaseRunGivesARunBack(t *testing.T) {
 		failures  int
 		lastError string
 	}{
-		{"shutting down", "", time.Hour, 0, ""},
+		{"shutting down", "", 0, 0, ""},
+		{"waiting for a decision", "", time.Hour, 0, ""},
 		{"failed", "model unreachable", time.Minute, 1, "model unreachable"},
 		{"failed again, no wait", "parameters changed", 0, 2, "parameters changed"},
-		{"shutting down after failures", "", time.Hour, 2, "parameters changed"},
+		{"shutting down after failures", "", 0, 2, "parameters changed"},
+		{"waiting after failures", "", time.Hour, 2, "parameters changed"},
 		{"failed at length", long, time.Second, 3, long[:maxLastError-len(" … (cut)")] + " … (cut)"},
 	} {
 		claimExactly(t, s, "alpha-r")
 		if err := s.ReleaseRun(ctx, "alpha-r", c.failure, c.retry); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		retryAt = time.Time{} // without a failure: claimable at once
-		if c.failure != "" {
+		retryAt = time.Time{} // without a failure or a wait: claimable at once
+		if c.failure != "" || c.retry > 0 {
 			retryAt = now.Add(c.retry)
 		}
 		info := describeRun(t, s, "alpha-r")

@@ -298,8 +298,9 @@ func TestAFinishedRunLeavesTheQueue(t *testing.T) {
 	}
 }
 
-// TestReleaseRun: a run given back without a failure is claimable at
-// once; with one, its failure is counted and kept and it is claimable
+// TestReleaseRun: a run given back without a failure or a wait is
+// claimable at once (a wait without a failure is the queue contract's);
+// with one, its failure is counted and kept and it is claimable
 // again only after the retry delay. A run another worker or a driver of
 // this store holds is left alone, and so are a finished run, one started
 // without an agent and one never written; a negative delay is refused.
@@ -312,7 +313,7 @@ func TestReleaseRun(t *testing.T) {
 		claimed(t, s, []string{"a"}, 1)
 		release := lock(t, s, "down")
 		release() // the engine's, before the worker gives the run back
-		if err := s.ReleaseRun(ctx, "down", "", time.Hour); err != nil {
+		if err := s.ReleaseRun(ctx, "down", "", 0); err != nil {
 			t.Fatal(err)
 		}
 		info := described(t, s, "down")
