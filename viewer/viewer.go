@@ -11,19 +11,27 @@
 //	/                 the runs, newest first: status, agent, holder, stop
 //	                  reason, steps, tokens, started, last event;
 //	                  filterable (?status=, ?stop_reason=, ?since=, ?limit=)
-//	/run?id=ID        a run: who drives it (its holder and lease, or that
-//	                  nobody does), its verdict — for a run nobody holds,
-//	                  the side effect in doubt and what Resume would do —
-//	                  and the step timeline (parse result, action, tool,
-//	                  status, prompt size, tokens, wall time as a bar, the
-//	                  observation expandable)
+//	/run?id=ID        a run: above all, the call it awaits a person's
+//	                  decision on, if any (what it awaits — approval or
+//	                  resolution — the tool, its arguments, the call's id,
+//	                  since when); who drives it (its holder and lease, or
+//	                  that nobody does), its verdict — for a run nobody
+//	                  holds, the side effect in doubt and what Resume
+//	                  would do — and the step timeline (parse result,
+//	                  action, tool, status, prompt size, tokens, wall time
+//	                  as a bar, the observation expandable), each decision
+//	                  a row below its step's: who, verdict, when, note,
+//	                  edited arguments, observation
 //
 // JSON, with the names polyloop-inspect prints with --json:
 //
 //	/api/runs                 the runs (same filters)
 //	/api/events?run=ID        the events
 //	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
-//	/api/verify?run=ID        the verdict
+//	/api/verify?run=ID        the verdict, and the call awaiting a person
+//	                          (pending: a recovery.PendingCall, or null)
+//	/api/decisions?run=ID     the decisions, each with its step (the
+//	                          steps' JSON keeps the eighteen fields)
 //	/api/follow?run=ID        new events as server-sent events, from the
 //	                          &after= event count on; ends after run_finished,
 //	                          or with an error event when the run is damaged,
@@ -60,6 +68,7 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -88,7 +97,7 @@ func New(store seams.RunReader, o Options) http.Handler {
 	}
 	h := &handler{store: store, o: o, mux: http.NewServeMux()}
 	h.pages = template.Must(template.New("").Funcs(template.FuncMap{
-		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": report.Plural,
+		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": report.Plural, "indent": indent,
 	}).ParseFS(assets, "templates/*.html"))
 	static, _ := fs.Sub(assets, "static")
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
@@ -98,6 +107,7 @@ func New(store seams.RunReader, o Options) http.Handler {
 	h.mux.HandleFunc("GET /api/events", h.eventsJSON)
 	h.mux.HandleFunc("GET /api/steps", h.stepsJSON)
 	h.mux.HandleFunc("GET /api/verify", h.verifyJSON)
+	h.mux.HandleFunc("GET /api/decisions", h.decisionsJSON)
 	h.mux.HandleFunc("GET /api/follow", h.follow)
 	return h
 }
@@ -247,7 +257,8 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	writeJSON(w, report.Verdict(report.Classify(info, stream, loadErr), stream))
+	run := report.Classify(info, stream, loadErr)
+	writeJSON(w, verdictJSON{VerdictJSON: report.Verdict(run, stream), Pending: run.Verdict.Pending})
 }
 
 // describe is the run's entry as the store lists it, with its holder
@@ -383,9 +394,10 @@ func (h *handler) runsPage(w http.ResponseWriter, r *http.Request) {
 // stepRow is a step of the timeline.
 type stepRow struct {
 	events.StepRecord
-	Tokens   *events.Usage
-	WallPct  int    // the step's wall time as a share of the longest step's
-	EnvError string // the stored cause of an env_error
+	Tokens    *events.Usage
+	WallPct   int        // the step's wall time as a share of the longest step's
+	EnvError  string     // the stored cause of an env_error
+	Decisions []decision // the decisions on the step's action
 }
 
 type runPage struct {
@@ -397,6 +409,13 @@ type runPage struct {
 	Finished  bool
 	Live      seams.RunStatus // an unfinished run's liveness: running, awaiting or interrupted
 	Holder    string          // report.Holder
+	// Pending is the call the run's log says awaits a person, nil when
+	// none does; Person says that nobody drives the run until a person
+	// decides (its status is awaiting_approval or awaiting_resolution).
+	Pending *recovery.PendingCall
+	Person  bool
+	// Deciding are the decisions on the step in progress.
+	Deciding []decision
 }
 
 func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
@@ -427,6 +446,15 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
 			EnvError: causes[s.StepIdx]})
 	}
+	for _, d := range decisions(stream) {
+		if d.Step < len(page.Steps) {
+			page.Steps[d.Step].Decisions = append(page.Steps[d.Step].Decisions, d)
+		} else {
+			page.Deciding = append(page.Deciding, d)
+		}
+	}
+	page.Pending = run.Verdict.Pending
+	page.Person = run.Status == seams.StatusAwaitingApproval || run.Status == seams.StatusAwaitingResolution
 	h.render(w, "run.html", page)
 }
 
