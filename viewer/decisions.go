@@ -76,6 +76,9 @@ type verdictJSON struct {
 	// Pending is the call the run's log says awaits a person's decision
 	// (recovery.Verdict.Pending), null when none does.
 	Pending *recovery.PendingCall `json:"pending"`
+	// DecideToken is the token /api/decide wants, from a viewer that
+	// writes decisions (Options.Decide); absent otherwise.
+	DecideToken string `json:"decide_token,omitempty"`
 }
 
 // indent is JSON text indented for reading, or the text as it is when it
