@@ -174,3 +174,59 @@ func TestInABrowserAnInterruptedRunSaysSo(t *testing.T) {
 	waitText(t, bctx, "#status", "finished")
 	t.Logf("the page said %q, then followed the resumed run to its end", said)
 }
+
+// TestInABrowserAPersonApprovesACall: a real headless Chromium opens the
+// page of a run whose refund awaits approval, from a viewer mounted as a
+// writer: the pending call is at the top; a person types a note and
+// clicks approve, and the page shows the decision and the call no longer
+// pending. When a worker resumes the run, the page follows it to its end,
+// the refund executed. Meanwhile a decision made elsewhere (engine.Decide)
+// on another run appears on that run's open page without anyone reloading
+// it.
+func TestInABrowserAPersonApprovesACall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	path := browser(t)
+	store := &seamstest.MemStore{}
+	call := awaitApproval(t, store, "refund", `{"amount":40}`)
+	o := writerOptions(store)
+	o.Poll = 50 * time.Millisecond
+	srv := httptest.NewServer(viewer.New(store, o))
+	defer srv.Close()
+
+	bctx := newBrowser(t, path)
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/run?id=refund"), chromedp.WaitVisible(chromedp.CSS("#pending"))); err != nil {
+		t.Fatalf("open the page: %v", err)
+	}
+	waitText(t, bctx, "#pending-tool", "refund")
+	waitText(t, bctx, "#pending-call", call.Call)
+	if err := chromedp.Do(bctx, chromedp.SendKeys(chromedp.CSS("#approve input[name=note]"), "within policy"),
+		chromedp.Click(chromedp.CSS("#approve button"))); err != nil {
+		t.Fatalf("approve: %v", err)
+	}
+	row := waitText(t, bctx, "#steps", "decision: approved by ana")
+	if !strings.Contains(row, "note: within policy") {
+		t.Errorf("the decision's row says %q", row)
+	}
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("#pending, #decide form").length`)); err != nil || n != 0 {
+		t.Errorf("after the approval the page shows %d pending calls and forms (%v)", n, err)
+	}
+
+	if _, err := engine.Resume(context.Background(), definition(store, `FINAL: refunded`), request("refund")); err != nil {
+		t.Fatal(err)
+	}
+	waitText(t, bctx, "#status", "finished")
+	waitText(t, bctx, "#steps", "refunded 40")
+
+	other := awaitApproval(t, store, "other", `{"amount":60}`)
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/run?id=other"), chromedp.WaitVisible(chromedp.CSS("#pending"))); err != nil {
+		t.Fatalf("open the other page: %v", err)
+	}
+	if _, err := engine.Decide(context.Background(), store, events.Decision{RunID: "other", ResultID: other.Call,
+		Verdict: events.VerdictRejected, By: "bo", Note: "over the limit"}); err != nil {
+		t.Fatal(err)
+	}
+	said := waitText(t, bctx, "#steps", "decision: rejected by bo")
+	t.Logf("the page of a run decided elsewhere shows: %q", strings.Join(strings.Fields(said), " "))
+}

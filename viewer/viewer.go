@@ -1,6 +1,7 @@
-// Package viewer is a read-only web view of a store's runs: an
-// http.Handler a service mounts beside its agents, or that
-// `polyloop-inspect serve` serves from a file or a postgres:// URL.
+// Package viewer is a web view of a store's runs: an http.Handler a
+// service mounts beside its agents, or that `polyloop-inspect serve`
+// serves from a file or a postgres:// URL. It only reads, unless mounted
+// to record people's decisions (see Decisions).
 //
 //	mux.Handle("/runs/", http.StripPrefix("/runs", viewer.New(store, viewer.Options{})))
 //
@@ -11,19 +12,27 @@
 //	/                 the runs, newest first: status, agent, holder, stop
 //	                  reason, steps, tokens, started, last event;
 //	                  filterable (?status=, ?stop_reason=, ?since=, ?limit=)
-//	/run?id=ID        a run: who drives it (its holder and lease, or that
-//	                  nobody does), its verdict — for a run nobody holds,
-//	                  the side effect in doubt and what Resume would do —
-//	                  and the step timeline (parse result, action, tool,
-//	                  status, prompt size, tokens, wall time as a bar, the
-//	                  observation expandable)
+//	/run?id=ID        a run: above all, the call it awaits a person's
+//	                  decision on, if any (what it awaits — approval or
+//	                  resolution — the tool, its arguments, the call's id,
+//	                  since when); who drives it (its holder and lease, or
+//	                  that nobody does), its verdict — for a run nobody
+//	                  holds, the side effect in doubt and what Resume
+//	                  would do — and the step timeline (parse result,
+//	                  action, tool, status, prompt size, tokens, wall time
+//	                  as a bar, the observation expandable), each decision
+//	                  a row below its step's: who, verdict, when, note,
+//	                  edited arguments, observation
 //
 // JSON, with the names polyloop-inspect prints with --json:
 //
 //	/api/runs                 the runs (same filters)
 //	/api/events?run=ID        the events
 //	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
-//	/api/verify?run=ID        the verdict
+//	/api/verify?run=ID        the verdict, and the call awaiting a person
+//	                          (pending: a recovery.PendingCall, or null)
+//	/api/decisions?run=ID     the decisions, each with its step (the
+//	                          steps' JSON keeps the eighteen fields)
 //	/api/follow?run=ID        new events as server-sent events, from the
 //	                          &after= event count on; ends after run_finished,
 //	                          or with an error event when the run is damaged,
@@ -38,14 +47,69 @@
 // answered 400 with what is wrong with it, on every store alike.
 //
 // Everything a run holds is untrusted model output and is escaped; pages
-// carry a Content-Security-Policy that allows no inline script. The
-// handler only reads (GET and HEAD; anything else is 405).
+// carry a Content-Security-Policy that allows no inline script. Without
+// Options.Decide the handler only reads (GET and HEAD; anything else is
+// 405).
+//
+// # Decisions
+//
+// Mounted with Options.Decide, the viewer records people's decisions too,
+// and writes nothing else. The page of a run nobody drives whose call
+// awaits approval offers approve (with a note, and edited arguments that
+// the tool's schema must accept) and reject (with a note, which the model
+// is told); one whose action awaits a resolution, or was left in doubt,
+// offers resolve: executed (with what was seen of it) or not executed.
+// The buttons POST a form to /decide, which records the decision and sends
+// the browser back to the run's page; refused, the run's page comes back
+// saying why (with the refusal's status), the form's entries kept. The
+// same decision as JSON:
+//
+//	POST /api/decide  {"token", "run_id", "call", "verdict", "note",
+//	                  "arguments" (a JSON object), "observation"}:
+//	                  the decision's event, or {"error": why} with 400
+//	                  (invalid), 403 (refused), 404 (no such run or call),
+//	                  409 (not pending, or already decided)
+//
+// A decision must carry the handler's secret token (a hidden field of the
+// page's forms; decide_token in /api/verify), and a browser's request from
+// another origin is refused (net/http.CrossOriginProtection, which reads
+// Sec-Fetch-Site and Origin): 403 either way, writing nothing. No other
+// site may frame the pages. Who decided is Options.By of the request, or
+// else the fixed Options.Reviewer.
+//
+// The viewer does not import the engine: the mounter hands it the
+// engine's verbs, routed by verdict, and says which status answers which
+// refusal:
+//
+//	viewer.New(store, viewer.Options{
+//		Decide: func(ctx context.Context, d events.Decision) (events.Envelope, error) {
+//			if d.Verdict.Resolves() {
+//				return engine.Resolve(ctx, store, d)
+//			}
+//			return engine.Decide(ctx, store, d)
+//		},
+//		DecideStatus: func(err error) int {
+//			switch {
+//			case errors.Is(err, engine.ErrInvalidDecision):
+//				return http.StatusBadRequest
+//			case errors.Is(err, engine.ErrRunNotFound), errors.Is(err, engine.ErrNoSuchCall):
+//				return http.StatusNotFound
+//			case errors.Is(err, engine.ErrNotPending), errors.Is(err, engine.ErrAlreadyDecided),
+//				errors.Is(err, engine.ErrRunBusy), errors.Is(err, recovery.ErrCorrupt):
+//				return http.StatusConflict
+//			}
+//			return http.StatusInternalServerError
+//		},
+//		Reviewer: "ops-desk",
+//	})
 //
 // What does not live here: what a run's status or verdict is (packages
 // report and recovery) and any store (it reads a seams.RunReader).
 package viewer
 
 import (
+	"context"
+	"crypto/rand"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -60,6 +124,7 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -72,6 +137,30 @@ type Options struct {
 	// Poll is how often the follow endpoint looks for new events (default
 	// 250ms).
 	Poll time.Duration
+
+	// Decide, when set, makes the viewer a writer of decisions (see
+	// "Decisions" in the package doc): it records d — an approval or
+	// rejection of a call awaiting approval, or an operator's finding
+	// (executed, not executed; d.Verdict.Resolves()) on an action in
+	// doubt — and returns its event. The mounter routes d by its verdict:
+	// engine.Decide for an approval's answer, engine.Resolve for a
+	// finding. The viewer fills in d.By (By, Reviewer); an error is the
+	// refusal shown to the person, with DecideStatus's status. Nil: the
+	// viewer only reads.
+	Decide func(ctx context.Context, d events.Decision) (events.Envelope, error)
+	// DecideStatus is the HTTP status that answers an error of Decide —
+	// 400 for an invalid decision, 404 for a run or call that is not
+	// there, 409 for a call that does not await that decision or is
+	// already decided. Nil: 500 for every error.
+	DecideStatus func(err error) int
+	// By names who makes the decision a request posts (Decision.By): the
+	// person a proxy or session authenticated, say. An error refuses the
+	// decision (403, with the error's text). Nil: Reviewer.
+	By func(r *http.Request) (string, error)
+	// Reviewer is the fixed name decisions are recorded by when By is
+	// nil: one person, or the one desk, that this viewer serves. With
+	// neither, every decision is refused (500, saying so).
+	Reviewer string
 }
 
 type handler struct {
@@ -79,16 +168,18 @@ type handler struct {
 	o     Options
 	pages *template.Template
 	mux   *http.ServeMux
+	token string // a writer's: the secret each decision posted must carry
 }
 
-// New returns the viewer over store. It never writes.
+// New returns the viewer over store. It never writes unless o.Decide is
+// set, and then only through o.Decide.
 func New(store seams.RunReader, o Options) http.Handler {
 	if o.Poll <= 0 {
 		o.Poll = 250 * time.Millisecond
 	}
 	h := &handler{store: store, o: o, mux: http.NewServeMux()}
 	h.pages = template.Must(template.New("").Funcs(template.FuncMap{
-		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": report.Plural,
+		"stamp": report.Stamp, "tokens": tokensText, "deref": deref, "plural": report.Plural, "indent": indent,
 	}).ParseFS(assets, "templates/*.html"))
 	static, _ := fs.Sub(assets, "static")
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
@@ -98,17 +189,31 @@ func New(store seams.RunReader, o Options) http.Handler {
 	h.mux.HandleFunc("GET /api/events", h.eventsJSON)
 	h.mux.HandleFunc("GET /api/steps", h.stepsJSON)
 	h.mux.HandleFunc("GET /api/verify", h.verifyJSON)
+	h.mux.HandleFunc("GET /api/decisions", h.decisionsJSON)
 	h.mux.HandleFunc("GET /api/follow", h.follow)
+	if o.Decide != nil {
+		h.token = rand.Text()
+		// Browsers say where a request comes from: refuse any other
+		// site's (before the token is even looked at).
+		cross := http.NewCrossOriginProtection()
+		h.mux.Handle("POST /decide", cross.Handler(http.HandlerFunc(h.decideForm)))
+		h.mux.Handle("POST /api/decide", cross.Handler(http.HandlerFunc(h.decideJSON)))
+	}
 	return h
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && (r.Method != http.MethodPost || h.o.Decide == nil) {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "the viewer is read-only", http.StatusMethodNotAllowed)
 		return
 	}
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'")
+	csp := "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'"
+	if h.o.Decide != nil { // no other page may frame the buttons (clickjacking)
+		csp += "; frame-ancestors 'none'"
+		w.Header().Set("X-Frame-Options", "DENY")
+	}
+	w.Header().Set("Content-Security-Policy", csp)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	h.mux.ServeHTTP(w, r)
 }
@@ -160,24 +265,34 @@ func (h *handler) runs(w http.ResponseWriter, r *http.Request) ([]report.Run, re
 	return f.Apply(all), f, true
 }
 
-// load loads the run the path names, answering a failure itself. A damaged
-// stream is returned with its error (the pages show the damage).
+// load loads the run the query names, answering a failure itself. A
+// damaged stream is returned with its error (the pages show the damage).
 func (h *handler) load(w http.ResponseWriter, r *http.Request) (string, []events.Envelope, error, bool) {
 	id, ok := runID(w, r)
 	if !ok {
 		return id, nil, nil, false
 	}
+	stream, err, ok := h.loadRun(w, r, id, "")
+	return id, stream, err, ok
+}
+
+// loadRun loads run id as load does; a run the store does not hold is
+// answered 404 with missing, or with "no run" when missing is empty.
+func (h *handler) loadRun(w http.ResponseWriter, r *http.Request, id, missing string) ([]events.Envelope, error, bool) {
 	stream, err := h.store.Load(r.Context(), id)
 	var damage *events.DamageError
 	switch {
 	case err != nil && !errors.As(err, &damage):
 		http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)
-		return id, nil, nil, false
+		return nil, nil, false
 	case err == nil && len(stream) == 0:
-		http.Error(w, fmt.Sprintf("no run %q", report.Clip(id, 80)), http.StatusNotFound)
-		return id, nil, nil, false
+		if missing == "" {
+			missing = fmt.Sprintf("no run %q", report.Clip(id, 80))
+		}
+		http.Error(w, missing, http.StatusNotFound)
+		return nil, nil, false
 	}
-	return id, stream, err, true
+	return stream, err, true
 }
 
 // runID is the run a request names (?run=, or ?id= on the run page). It
@@ -247,7 +362,8 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	writeJSON(w, report.Verdict(report.Classify(info, stream, loadErr), stream))
+	run := report.Classify(info, stream, loadErr)
+	writeJSON(w, verdictJSON{VerdictJSON: report.Verdict(run, stream), Pending: run.Verdict.Pending, DecideToken: h.token})
 }
 
 // describe is the run's entry as the store lists it, with its holder
@@ -377,15 +493,16 @@ func (h *handler) runsPage(w http.ResponseWriter, r *http.Request) {
 	for _, k := range []string{"status", "stop_reason", "since", "limit"} {
 		q[k] = r.URL.Query().Get(k)
 	}
-	h.render(w, "runs.html", runsPage{Runs: runs, Statuses: seams.RunStatuses, Reasons: reasons, Filter: f, Query: q})
+	h.render(w, http.StatusOK, "runs.html", runsPage{Runs: runs, Statuses: seams.RunStatuses, Reasons: reasons, Filter: f, Query: q})
 }
 
 // stepRow is a step of the timeline.
 type stepRow struct {
 	events.StepRecord
-	Tokens   *events.Usage
-	WallPct  int    // the step's wall time as a share of the longest step's
-	EnvError string // the stored cause of an env_error
+	Tokens    *events.Usage
+	WallPct   int        // the step's wall time as a share of the longest step's
+	EnvError  string     // the stored cause of an env_error
+	Decisions []decision // the decisions on the step's action
 }
 
 type runPage struct {
@@ -397,10 +514,57 @@ type runPage struct {
 	Finished  bool
 	Live      seams.RunStatus // an unfinished run's liveness: running, awaiting or interrupted
 	Holder    string          // report.Holder
+	// Pending is the call the run's log says awaits a person, nil when
+	// none does; Person says that nobody drives the run until a person
+	// decides (its status is awaiting_approval or awaiting_resolution).
+	Pending *recovery.PendingCall
+	Person  bool
+	// Deciding are the decisions on the step in progress.
+	Deciding []decision
+
+	// A viewer that writes decisions (Options.Decide) offers them for
+	// DecideCall, the call of a run nobody drives that awaits a person or
+	// whose action is in doubt: approval (approve, reject) or resolution
+	// (executed, not executed). Token is the handler's; Refused says why
+	// a decision just posted was refused, and Form is what was posted.
+	DecideCall string
+	DecideKind events.Awaits
+	Token      string
+	Refused    string
+	Form       url.Values
+}
+
+// Prefill is what a refused decision's form held in field, for the form
+// of verdict: the entries a person typed are kept.
+func (p runPage) Prefill(verdict, field string) string {
+	if p.Form.Get("verdict") != verdict {
+		return ""
+	}
+	return p.Form.Get(field)
+}
+
+// refusal is a decision refused: its status and why, and the form posted.
+type refusal struct {
+	code int
+	why  string
+	form url.Values
 }
 
 func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
-	id, stream, loadErr, ok := h.load(w, r)
+	if id, ok := runID(w, r); ok {
+		h.showRun(w, r, id, nil)
+	}
+}
+
+// showRun renders run id's page, with a decision's refusal when there is
+// one (then with its status; a run the store lacks is answered with why
+// the decision was refused).
+func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, refused *refusal) {
+	missing := ""
+	if refused != nil {
+		missing = refused.why
+	}
+	stream, loadErr, ok := h.loadRun(w, r, id, missing)
 	if !ok {
 		return
 	}
@@ -427,16 +591,34 @@ func (h *handler) runPage(w http.ResponseWriter, r *http.Request) {
 		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
 			EnvError: causes[s.StepIdx]})
 	}
-	h.render(w, "run.html", page)
+	for _, d := range decisions(stream) {
+		if d.Step < len(page.Steps) {
+			page.Steps[d.Step].Decisions = append(page.Steps[d.Step].Decisions, d)
+		} else {
+			page.Deciding = append(page.Deciding, d)
+		}
+	}
+	page.Pending = run.Verdict.Pending
+	page.Person = run.Status == seams.StatusAwaitingApproval || run.Status == seams.StatusAwaitingResolution
+	if h.o.Decide != nil {
+		page.Token = h.token
+		page.DecideCall, page.DecideKind = decidable(run)
+	}
+	code := http.StatusOK
+	if refused != nil {
+		code, page.Refused, page.Form = refused.code, refused.why, refused.form
+	}
+	h.render(w, code, "run.html", page)
 }
 
-func (h *handler) render(w http.ResponseWriter, name string, data any) {
+func (h *handler) render(w http.ResponseWriter, code int, name string, data any) {
 	var b strings.Builder
 	if err := h.pages.ExecuteTemplate(&b, name, data); err != nil {
 		http.Error(w, "render: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
 	w.Write([]byte(b.String()))
 }
 

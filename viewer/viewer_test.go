@@ -46,12 +46,23 @@ var reg = func() *seams.Registry {
 			Handler: func(context.Context, map[string]any) (string, error) {
 				return "", seams.EnvFailure(errors.New("exec: python: not found"))
 			}},
+		seams.Tool{Spec: seams.ToolSpec{Name: "refund", RequiresApproval: true, Parameters: map[string]any{"type": "object",
+			"properties": map[string]any{"amount": map[string]any{"type": "number", "maximum": 500}}, "required": []string{"amount"}}},
+			Handler: func(_ context.Context, args map[string]any) (string, error) {
+				return fmt.Sprintf("refunded %v", args["amount"]), nil
+			}},
 	)
 	if err != nil {
 		panic(err)
 	}
 	return r
 }()
+
+// request is the fixtures' request for run id: reg's tools, small budgets.
+func request(id string) engine.Request {
+	return engine.Request{RunID: id, Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
+		Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}}
+}
 
 func runOn(t *testing.T, store seams.RunStore, id string, crashAfter int, turns ...string) {
 	t.Helper()
@@ -60,9 +71,7 @@ func runOn(t *testing.T, store seams.RunStore, id string, crashAfter int, turns 
 		s = &proptest.CrashingStore{Inner: store, After: crashAfter}
 	}
 	_, err := engine.Run(context.Background(), engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(turns...)},
-		Parser: seamstest.Parser{}, Store: s}, engine.Request{RunID: id, Tools: reg, Executor: reg.Executor(),
-		ModelReplayPolicy: events.ReplaySafe,
-		Budget:            engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}})
+		Parser: seamstest.Parser{}, Store: s}, request(id))
 	if crashAfter < 0 && err != nil || crashAfter >= 0 && !errors.Is(err, proptest.ErrCrashed) {
 		t.Fatalf("%s: %v", id, err)
 	}

@@ -1,12 +1,12 @@
 // Command polyloop-inspect dumps and verifies PolyLoop event stores without
-// writing to them.
+// writing to them (but for the decisions serve --allow-decisions records).
 //
 //	polyloop-inspect runs [--json] [filters] STORE          list runs, newest first
 //	polyloop-inspect events [--json] [--follow] STORE RUN   every event of a run
 //	polyloop-inspect steps [--json] STORE RUN               a run's trajectory
 //	polyloop-inspect verify [--json] STORE [RUN]            can each run be resumed?
 //	polyloop-inspect export [--run RUN]... STORE            many runs' steps as JSON Lines
-//	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only)
+//	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only unless --allow-decisions)
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string), named in messages without its password

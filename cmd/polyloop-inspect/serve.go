@@ -11,11 +11,17 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/polyloop/polyloop/engine"
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/viewer"
 )
 
 func serveFlags(fs *flag.FlagSet, c *call) {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "address to listen on (loopback unless you say otherwise)")
+	fs.BoolVar(&c.allowDecisions, "allow-decisions", false, "offer approve, reject and resolve on the pages, and record them (opens the store for writing)")
+	fs.StringVar(&c.by, "by", "", "with --allow-decisions: who the decisions are recorded as")
 }
 
 // interruptCtx ends serve and events --follow: Ctrl-C (tests replace it).
@@ -23,9 +29,18 @@ var interruptCtx = func() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt)
 }
 
-// serveCommand serves the run viewer over the store until interrupted.
+// serveCommand serves the run viewer over the store until interrupted;
+// with --allow-decisions, one that records decisions by --by.
 func serveCommand(c *call) int {
-	s, ok := c.openStore(c.args[0])
+	switch {
+	case c.allowDecisions && c.by == "":
+		fmt.Fprintf(c.stderr, "polyloop-inspect serve: --allow-decisions needs --by NAME: who the decisions are recorded as\n(polyloop-inspect serve --help)\n")
+		return exitUsage
+	case !c.allowDecisions && c.by != "":
+		fmt.Fprintf(c.stderr, "polyloop-inspect serve: --by names who decides: it needs --allow-decisions\n(polyloop-inspect serve --help)\n")
+		return exitUsage
+	}
+	s, ok := c.openStore(c.args[0]) // for writing with --allow-decisions
 	if !ok {
 		return exitProblem
 	}
@@ -36,16 +51,47 @@ func serveCommand(c *call) int {
 	}
 	ctx, stop := interruptCtx()
 	defer stop()
-	srv := &http.Server{Handler: viewer.New(s, viewer.Options{}), ReadHeaderTimeout: 10 * time.Second}
+	o, mode := viewer.Options{}, "read-only"
+	if c.allowDecisions {
+		o, mode = decisions(s, c.by), "decisions recorded as "+escape(c.by)
+	}
+	srv := &http.Server{Handler: viewer.New(s, o), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(shut)
 	}()
-	fmt.Fprintf(c.stdout, "serving %s at http://%s/ (read-only; Ctrl-C stops)\n", c.store(), l.Addr())
+	fmt.Fprintf(c.stdout, "serving %s at http://%s/ (%s; Ctrl-C stops)\n", c.store(), l.Addr(), mode)
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return c.fail("serve: %v", err)
 	}
 	return exitOK
+}
+
+// decisions mount the viewer as a writer of decisions over store, by by:
+// engine.Decide answers an approval, engine.Resolve a finding on an action
+// in doubt, and each of their refusals has its HTTP status.
+func decisions(store seams.RunStore, by string) viewer.Options {
+	return viewer.Options{
+		Decide: func(ctx context.Context, d events.Decision) (events.Envelope, error) {
+			if d.Verdict.Resolves() {
+				return engine.Resolve(ctx, store, d)
+			}
+			return engine.Decide(ctx, store, d)
+		},
+		DecideStatus: func(err error) int {
+			switch {
+			case errors.Is(err, engine.ErrInvalidDecision):
+				return http.StatusBadRequest
+			case errors.Is(err, engine.ErrRunNotFound), errors.Is(err, engine.ErrNoSuchCall):
+				return http.StatusNotFound
+			case errors.Is(err, engine.ErrNotPending), errors.Is(err, engine.ErrAlreadyDecided), errors.Is(err, engine.ErrRunBusy),
+				errors.Is(err, recovery.ErrCorrupt):
+				return http.StatusConflict
+			}
+			return http.StatusInternalServerError
+		},
+		Reviewer: by,
+	}
 }

@@ -1,0 +1,174 @@
+package viewer
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// maxDecisionBody bounds a decision's request body: a note, edited
+// arguments and an observation, each at most events.MaxTextBytes, and the
+// rest of the form.
+const maxDecisionBody = 3*events.MaxTextBytes + 64<<10
+
+// errNoReviewer is the refusal of a writer mounted without a name to
+// record decisions by.
+var errNoReviewer = errors.New("viewer: mounted to write decisions without naming who makes them (set Options.Reviewer or Options.By)")
+
+// decidable is the call of run a person may decide on now, and what kind
+// of decision: the call awaiting approval or resolution of a run nobody
+// drives, or the action left in doubt on one ("" when there is none: a
+// finished, corrupt or held run, or a model call in doubt, which no
+// person resolves).
+func decidable(run report.Run) (string, events.Awaits) {
+	v := run.Verdict
+	switch {
+	case run.Err != nil:
+	case run.Status == seams.StatusAwaitingApproval && v.Pending != nil:
+		return v.Pending.Call, events.AwaitsApproval
+	case run.Status == seams.StatusAwaitingResolution && v.Pending != nil:
+		return v.Pending.Call, events.AwaitsResolution
+	case run.Status == seams.StatusInDoubt && v.InDoubt != nil && v.InDoubt.IntentKind == events.IntentAction:
+		return v.InDoubt.ResultID, events.AwaitsResolution
+	}
+	return "", ""
+}
+
+// tokenOK reports whether token is the handler's.
+func (h *handler) tokenOK(token string) bool {
+	return subtle.ConstantTimeCompare([]byte(token), []byte(h.token)) == 1
+}
+
+// badToken is the refusal of a request without the handler's token.
+const badToken = "the decision does not carry this viewer's token: reload the run's page and decide again"
+
+// decide records d (its By from the request) through Options.Decide,
+// answering the status of a refusal with it: 403 when Options.By names
+// nobody, 400 for a verdict that is none, the mounter's status
+// (Options.DecideStatus) for Decide's refusals.
+func (h *handler) decide(r *http.Request, d events.Decision) (events.Envelope, int, error) {
+	if err := seams.ValidRunID(d.RunID); err != nil {
+		return events.Envelope{}, http.StatusBadRequest, err
+	}
+	if !d.Verdict.Valid() {
+		return events.Envelope{}, http.StatusBadRequest, fmt.Errorf("verdict %q: want approved, rejected, executed or not_executed", report.Clip(string(d.Verdict), 40))
+	}
+	by, err := h.by(r)
+	switch {
+	case errors.Is(err, errNoReviewer):
+		return events.Envelope{}, http.StatusInternalServerError, err
+	case err != nil:
+		return events.Envelope{}, http.StatusForbidden, fmt.Errorf("who decides? %w", err)
+	}
+	d.By = by
+	env, err := h.o.Decide(r.Context(), d)
+	if err != nil {
+		code := http.StatusInternalServerError
+		if h.o.DecideStatus != nil {
+			code = h.o.DecideStatus(err)
+		}
+		return env, code, err
+	}
+	return env, http.StatusOK, nil
+}
+
+// by names who decides on r: Options.By, or Options.Reviewer.
+func (h *handler) by(r *http.Request) (string, error) {
+	if h.o.By != nil {
+		return h.o.By(r)
+	}
+	if h.o.Reviewer == "" {
+		return "", errNoReviewer
+	}
+	return h.o.Reviewer, nil
+}
+
+// decideForm records the decision a run page's form posts (fields token,
+// run, call, verdict, note, arguments, observation) and sends the browser
+// back to the run's page; a refusal is the run's page saying why, with its
+// status.
+func (h *handler) decideForm(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxDecisionBody)
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "the decision's form does not parse: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	f := r.PostForm
+	if !h.tokenOK(f.Get("token")) {
+		http.Error(w, badToken, http.StatusForbidden)
+		return
+	}
+	id := f.Get("run")
+	d := events.Decision{RunID: id, ResultID: f.Get("call"), Verdict: events.Verdict(f.Get("verdict")), Note: f.Get("note")}
+	if a := f.Get("arguments"); strings.TrimSpace(a) != "" {
+		d.Arguments = &a
+	}
+	if o := f.Get("observation"); o != "" {
+		d.Observation = &o
+	}
+	_, code, err := h.decide(r, d)
+	switch {
+	case err == nil:
+		// Relative to the page that posted: the viewer may be mounted
+		// under any prefix.
+		w.Header().Set("Location", "run?"+url.Values{"id": {id}}.Encode())
+		w.WriteHeader(http.StatusSeeOther)
+	case seams.ValidRunID(id) != nil:
+		http.Error(w, err.Error(), code)
+	default:
+		f.Del("token")
+		h.showRun(w, r, id, &refusal{code: code, why: err.Error(), form: f})
+	}
+}
+
+// decideRequest is a decision posted to /api/decide.
+type decideRequest struct {
+	Token   string         `json:"token"` // the handler's (decide_token in /api/verify)
+	RunID   string         `json:"run_id"`
+	Call    string         `json:"call"`
+	Verdict events.Verdict `json:"verdict"`
+	Note    string         `json:"note"`
+	// Arguments are an approval's edited arguments: a JSON object.
+	Arguments   json.RawMessage `json:"arguments"`
+	Observation *string         `json:"observation"`
+}
+
+// decideJSON records a decision posted as JSON, answering its event
+// (report.EventJSON) or {"error": why} with the refusal's status.
+func (h *handler) decideJSON(w http.ResponseWriter, r *http.Request) {
+	refuse := func(code int, why string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(map[string]string{"error": why})
+	}
+	var req decideRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxDecisionBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		refuse(http.StatusBadRequest, "the decision does not parse: "+err.Error())
+		return
+	}
+	if !h.tokenOK(req.Token) {
+		refuse(http.StatusForbidden, badToken)
+		return
+	}
+	d := events.Decision{RunID: req.RunID, ResultID: req.Call, Verdict: req.Verdict, Note: req.Note, Observation: req.Observation}
+	if len(req.Arguments) > 0 && string(req.Arguments) != "null" {
+		a := string(req.Arguments)
+		d.Arguments = &a
+	}
+	env, code, err := h.decide(r, d)
+	if err != nil {
+		refuse(code, err.Error())
+		return
+	}
+	writeJSON(w, report.Event(env))
+}
