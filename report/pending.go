@@ -1,6 +1,9 @@
 package report
 
 import (
+	"regexp"
+	"strings"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -36,4 +39,55 @@ func PendingOf(p *recovery.PendingCall) *PendingJSON {
 // worker or Resume continues it before a decision is recorded.
 func AwaitsPerson(s seams.RunStatus) bool {
 	return s == seams.StatusAwaitingApproval || s == seams.StatusAwaitingResolution
+}
+
+// DecisionCommand is a polyloop-admin command line that decides a pending
+// call, and what it says of the call.
+type DecisionCommand struct {
+	Says string // "approve", "reject"; "it ran", "it did not run"
+	// Line is the command: options in brackets are optional, TEXT and
+	// JSON are for the person to write.
+	Line string
+}
+
+// DecisionCommands are the polyloop-admin command lines that decide p, a
+// call of runID in the store named store — as stores.Describe names it,
+// a password masked: approve and reject for an approval, resolve
+// --executed and --not-executed for an operator's finding. Each word is
+// quoted for a POSIX shell where it needs to be.
+func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCommand {
+	target := strings.Join([]string{shellWord(store), shellWord(runID), shellWord(p.Call)}, " ")
+	if p.Awaits == events.AwaitsResolution {
+		return []DecisionCommand{
+			{"it ran", "polyloop-admin resolve --executed --observation TEXT " + target},
+			{"it did not run", "polyloop-admin resolve --not-executed " + target},
+		}
+	}
+	edit := ""
+	if p.ArgumentsSchema != "" {
+		edit = " [--arguments JSON]"
+	}
+	return []DecisionCommand{
+		{"approve", "polyloop-admin approve [--note TEXT]" + edit + " " + target},
+		{"reject", "polyloop-admin reject --note TEXT " + target},
+	}
+}
+
+// ResolveCommand is the polyloop-admin command line with which an
+// operator who knows whether the action call of runID, in doubt, ran
+// settles it (store as in DecisionCommands).
+func ResolveCommand(store, runID, call string) string {
+	return "polyloop-admin resolve (--executed --observation TEXT | --not-executed) " +
+		strings.Join([]string{shellWord(store), shellWord(runID), shellWord(call)}, " ")
+}
+
+var plainWord = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)
+
+// shellWord is s as one word for a POSIX shell: as it is when nothing in
+// it is special, in single quotes otherwise.
+func shellWord(s string) string {
+	if plainWord.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -236,6 +236,40 @@ func TestAPendingCallIsInTheJSON(t *testing.T) {
 	}
 }
 
+// TestDecisionCommands: the polyloop-admin lines that decide a pending
+// call — approve and reject, or resolve either way — and settle an action
+// in doubt, each word pasted into a shell as it is printed.
+func TestDecisionCommands(t *testing.T) {
+	approval := recovery.PendingCall{Call: "01CALL", Awaits: events.AwaitsApproval, Tool: "refund", ArgumentsSchema: `{"type":"object"}`}
+	resolution := recovery.PendingCall{Call: "01CALL", Awaits: events.AwaitsResolution, Tool: "refund"}
+	for _, c := range []struct {
+		store, run string
+		p          recovery.PendingCall
+		want       string
+	}{
+		{"/tmp/s.db", "refund-1/a", approval,
+			"approve: polyloop-admin approve [--note TEXT] [--arguments JSON] /tmp/s.db refund-1/a 01CALL\n" +
+				"reject: polyloop-admin reject --note TEXT /tmp/s.db refund-1/a 01CALL\n"},
+		{"/tmp/my runs.db", "it's", recovery.PendingCall{Call: "c", Awaits: events.AwaitsApproval},
+			"approve: polyloop-admin approve [--note TEXT] '/tmp/my runs.db' 'it'\\''s' c\n" +
+				"reject: polyloop-admin reject --note TEXT '/tmp/my runs.db' 'it'\\''s' c\n"},
+		{"postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x", "$(rm -rf ~)", resolution,
+			"it ran: polyloop-admin resolve --executed --observation TEXT 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL\n" +
+				"it did not run: polyloop-admin resolve --not-executed 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL\n"},
+	} {
+		var got strings.Builder
+		for _, cmd := range report.DecisionCommands(c.store, c.run, c.p) {
+			got.WriteString(cmd.Says + ": " + cmd.Line + "\n")
+		}
+		if got.String() != c.want {
+			t.Errorf("%s %s:\n got %s\nwant %s", c.store, c.run, got.String(), c.want)
+		}
+	}
+	if got, want := report.ResolveCommand("/tmp/s.db", "r 1", "c"), "polyloop-admin resolve (--executed --observation TEXT | --not-executed) /tmp/s.db 'r 1' c"; got != want {
+		t.Errorf("ResolveCommand: %s, want %s", got, want)
+	}
+}
+
 // TestEnvErrorsAndStepTokens: the causes of env_error outcomes by step,
 // and each step's model usage (nil where none was reported).
 func TestEnvErrorsAndStepTokens(t *testing.T) {
