@@ -45,8 +45,8 @@ func AwaitsPerson(s seams.RunStatus) bool {
 // call, and what it says of the call.
 type DecisionCommand struct {
 	Says string // "approve", "reject"; "it ran", "it did not run"
-	// Line is the command: options in brackets are optional, TEXT and
-	// JSON are for the person to write.
+	// Line is the command, runnable as it is up to the options in
+	// brackets at its end; TEXT and JSON are for the person to write.
 	Line string
 }
 
@@ -59,8 +59,8 @@ func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCom
 	target := strings.Join([]string{shellWord(store), shellWord(runID), shellWord(p.Call)}, " ")
 	if p.Awaits == events.AwaitsResolution {
 		return []DecisionCommand{
-			{"it ran", "polyloop-admin resolve --executed --observation TEXT " + target},
-			{"it did not run", "polyloop-admin resolve --not-executed " + target},
+			{"it ran", "polyloop-admin resolve " + target + " --executed --observation TEXT"},
+			{"it did not run", "polyloop-admin resolve " + target + " --not-executed"},
 		}
 	}
 	edit := ""
@@ -68,8 +68,8 @@ func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCom
 		edit = " [--arguments JSON]"
 	}
 	return []DecisionCommand{
-		{"approve", "polyloop-admin approve [--note TEXT]" + edit + " " + target},
-		{"reject", "polyloop-admin reject --note TEXT " + target},
+		{"approve", "polyloop-admin approve " + target + " [--note TEXT]" + edit},
+		{"reject", "polyloop-admin reject " + target + " [--note TEXT]"},
 	}
 }
 
@@ -77,8 +77,8 @@ func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCom
 // operator who knows whether the action call of runID, in doubt, ran
 // settles it (store as in DecisionCommands).
 func ResolveCommand(store, runID, call string) string {
-	return "polyloop-admin resolve (--executed --observation TEXT | --not-executed) " +
-		strings.Join([]string{shellWord(store), shellWord(runID), shellWord(call)}, " ")
+	return "polyloop-admin resolve " + strings.Join([]string{shellWord(store), shellWord(runID), shellWord(call)}, " ") +
+		" (--executed --observation TEXT | --not-executed)"
 }
 
 var plainWord = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)

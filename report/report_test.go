@@ -248,14 +248,14 @@ func TestDecisionCommands(t *testing.T) {
 		want       string
 	}{
 		{"/tmp/s.db", "refund-1/a", approval,
-			"approve: polyloop-admin approve [--note TEXT] [--arguments JSON] /tmp/s.db refund-1/a 01CALL\n" +
-				"reject: polyloop-admin reject --note TEXT /tmp/s.db refund-1/a 01CALL\n"},
+			"approve: polyloop-admin approve /tmp/s.db refund-1/a 01CALL [--note TEXT] [--arguments JSON]\n" +
+				"reject: polyloop-admin reject /tmp/s.db refund-1/a 01CALL [--note TEXT]\n"},
 		{"/tmp/my runs.db", "it's", recovery.PendingCall{Call: "c", Awaits: events.AwaitsApproval},
-			"approve: polyloop-admin approve [--note TEXT] '/tmp/my runs.db' 'it'\\''s' c\n" +
-				"reject: polyloop-admin reject --note TEXT '/tmp/my runs.db' 'it'\\''s' c\n"},
+			"approve: polyloop-admin approve '/tmp/my runs.db' 'it'\\''s' c [--note TEXT]\n" +
+				"reject: polyloop-admin reject '/tmp/my runs.db' 'it'\\''s' c [--note TEXT]\n"},
 		{"postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x", "$(rm -rf ~)", resolution,
-			"it ran: polyloop-admin resolve --executed --observation TEXT 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL\n" +
-				"it did not run: polyloop-admin resolve --not-executed 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL\n"},
+			"it ran: polyloop-admin resolve 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL --executed --observation TEXT\n" +
+				"it did not run: polyloop-admin resolve 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL --not-executed\n"},
 	} {
 		var got strings.Builder
 		for _, cmd := range report.DecisionCommands(c.store, c.run, c.p) {
@@ -265,7 +265,7 @@ func TestDecisionCommands(t *testing.T) {
 			t.Errorf("%s %s:\n got %s\nwant %s", c.store, c.run, got.String(), c.want)
 		}
 	}
-	if got, want := report.ResolveCommand("/tmp/s.db", "r 1", "c"), "polyloop-admin resolve (--executed --observation TEXT | --not-executed) /tmp/s.db 'r 1' c"; got != want {
+	if got, want := report.ResolveCommand("/tmp/s.db", "r 1", "c"), "polyloop-admin resolve /tmp/s.db 'r 1' c (--executed --observation TEXT | --not-executed)"; got != want {
 		t.Errorf("ResolveCommand: %s, want %s", got, want)
 	}
 }

@@ -102,8 +102,8 @@ func TestARunAwaitingAPersonIsShownWithItsCall(t *testing.T) {
 			}
 			block := "awaits approval since " + *listing.Pending.Since + ": step 0, tool refund, call " + approval + "\n" +
 				"    arguments: {\"amount\":250}\n" +
-				"    approve: polyloop-admin approve [--note TEXT] [--arguments JSON] " + store + " k-awaiting-approval " + approval + "\n" +
-				"    reject:  polyloop-admin reject --note TEXT " + store + " k-awaiting-approval " + approval + "\n"
+				"    approve: polyloop-admin approve " + store + " k-awaiting-approval " + approval + " [--note TEXT] [--arguments JSON]\n" +
+				"    reject:  polyloop-admin reject " + store + " k-awaiting-approval " + approval + " [--note TEXT]\n"
 			for _, cmd := range []string{"verify", "events", "steps"} {
 				if out := inspect(cmd, target, "k-awaiting-approval"); !strings.Contains(out, block) {
 					t.Errorf("%s of the run awaiting approval:\n%s\nwant it to hold\n%s", cmd, out, block)
@@ -114,7 +114,7 @@ func TestARunAwaitingAPersonIsShownWithItsCall(t *testing.T) {
 				"  nobody drives it; it waits for a person's decision (approve or reject the pending call)\n") {
 				t.Errorf("verify:\n%s", verify)
 			}
-			resolve := "    it did not run: polyloop-admin resolve --not-executed " + store + " l-awaiting-resolution " + resolution + "\n"
+			resolve := "    it did not run: polyloop-admin resolve " + store + " l-awaiting-resolution " + resolution + " --not-executed\n"
 			if out := inspect("verify", target, "l-awaiting-resolution"); !strings.Contains(out, "awaits an operator's finding") || !strings.Contains(out, resolve) {
 				t.Errorf("verify of the run awaiting a finding:\n%s", out)
 			}
@@ -147,8 +147,8 @@ func TestAnActionInDoubtNamesTheCommandThatSettlesIt(t *testing.T) {
 	proptest.AppendEach(t, mem, "action", sound[:4]) // the action's intent, no outcome
 	proptest.AppendEach(t, mem, "model", proptest.SoundStream("model")[:2])
 	for run, want := range map[string]string{
-		"action": "  an operator who knows whether it ran may settle it: polyloop-admin resolve (--executed --observation TEXT | --not-executed) " +
-			stores.Describe("STORE") + " action r0a\n",
+		"action": "  an operator who knows whether it ran may settle it: polyloop-admin resolve " + stores.Describe("STORE") +
+			" action r0a (--executed --observation TEXT | --not-executed)\n",
 		"model": "",
 	} {
 		var out, errOut strings.Builder
