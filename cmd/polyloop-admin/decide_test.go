@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -200,8 +202,8 @@ func TestDecisionsOnAFile(t *testing.T) {
 
 // TestDecisionsRefused: each refusal says why and exits 1, writing
 // nothing: a call decided already (by whom), one awaiting another kind of
-// decision or none, a call not in the run, a run not in the store, edited
-// arguments the tool's schema refuses.
+// decision or none, a call not in the run, a run not in the store or
+// damaged, edited arguments the tool's schema refuses.
 func TestDecisionsRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.db")
 	s, err := kv.Open(path, kv.Options{NoSync: true})
@@ -212,12 +214,19 @@ func TestDecisionsRefused(t *testing.T) {
 	decided, waiting := awaitRefund(t, s, l, "decided", ""), awaitRefund(t, s, l, "waiting", "")
 	doubt := payInDoubt(t, s, l, "doubt")
 	proptest.AppendEach(t, s, "done", proptest.SoundStream("done"))
+	// A damaged log (kv keeps the start and finish rules alone, so it
+	// takes a model result without its intent).
+	failure := "x"
+	if _, err := s.Append(context.Background(), "damaged", ulid.ULID{}, events.RunStarted{RunID: "damaged", SchemaVersion: events.CurrentSchemaVersion},
+		events.ModelCallResult{RunID: "damaged", ResultID: "orphan", Failure: &failure}); err != nil {
+		t.Fatal(err)
+	}
 	s.Close()
 	if code, out := admin("approve", "--by", "ana", path, "decided", decided); code != exitOK {
 		t.Fatalf("approve: %d\n%s", code, out)
 	}
 	counts := map[string]int{}
-	for _, id := range []string{"decided", "waiting", "doubt", "done"} {
+	for _, id := range []string{"decided", "waiting", "doubt", "done", "damaged"} {
 		counts[id] = eventCount(t, path, id)
 	}
 	for _, c := range []struct {
@@ -251,6 +260,11 @@ func TestDecisionsRefused(t *testing.T) {
 		if code != exitProblem || out != c.err+"\n" {
 			t.Errorf("%q: exit %d\n%s\nwant exit 1 and\n%s", c.args, code, out, c.err)
 		}
+	}
+	if code, out := admin("resolve", "--not-executed", path, "damaged", "orphan"); code != exitProblem ||
+		!strings.HasPrefix(out, `polyloop-admin: resolve: run "damaged" is damaged, nothing recorded (polyloop-inspect verify says how): `) ||
+		!strings.Contains(out, `model result "orphan" without a model intent`) {
+		t.Errorf("resolve in a damaged run: exit %d\n%s", code, out)
 	}
 	for id, n := range counts {
 		if got := eventCount(t, path, id); got != n {
