@@ -107,15 +107,21 @@ func Holder(s seams.RunStatus, info seams.RunInfo, now time.Time) string {
 // Liveness says in a sentence who drives an unfinished run with status s
 // and entry info: "W drives it (lease until T)", "nobody drives it (lease
 // of W ran out at T)", "nobody drives it; it waits for a worker of agent
-// A", then the failures that gave it back, when it may be claimed again,
-// and a cancel request, when there are. Empty for a finished or corrupt
-// run.
+// A", "nobody drives it; it waits for a person's decision" (or "for an
+// operator's finding": a run awaiting approval or a finding on an action
+// in doubt, which no worker continues before), then the failures that
+// gave it back, when it may be claimed again, and a cancel request, when
+// there are. Empty for a finished or corrupt run.
 func Liveness(s seams.RunStatus, info seams.RunInfo, now time.Time) string {
-	if !s.Resumable() {
+	if !s.Resumable() && !AwaitsPerson(s) {
 		return ""
 	}
 	var text string
 	switch live := Live(info, now); {
+	case s == seams.StatusAwaitingApproval:
+		text = "nobody drives it; it waits for a person's decision (approve or reject the pending call)"
+	case s == seams.StatusAwaitingResolution:
+		text = "nobody drives it; it waits for an operator's finding on the action in doubt (executed or not)"
 	case live == seams.StatusRunning && info.LeaseExpires.IsZero():
 		text = fmt.Sprintf("%s drives it", orSomeone(info.Owner))
 	case live == seams.StatusRunning:

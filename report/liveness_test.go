@@ -47,6 +47,12 @@ func TestAStatusIsTheStoresLivenessRefinedByTheLog(t *testing.T) {
 	future, past := now.Add(time.Hour), now.Add(-time.Hour)
 	doubt := func(id string) []events.Event { return proptest.SoundStream(id)[:4] }   // a never action's intent, no outcome
 	between := func(id string) []events.Event { return proptest.SoundStream(id)[:5] } // after step 0
+	awaitingApproval := func(id string) []events.Event { return append(proptest.SoundStream(id)[:3:3], awaitsApproval(id)) }
+	awaitingResolution := func(id string) []events.Event {
+		in := proptest.SoundStream(id)[3].(events.Intent)
+		in.Awaits = events.AwaitsResolution
+		return append(proptest.SoundStream(id)[:4:4], in)
+	}
 	corrupt := func(id string) []events.Event {
 		s := proptest.SoundStream(id)
 		return append(s[:1:1], s[2:5]...) // a model result without its intent
@@ -109,6 +115,16 @@ func TestAStatusIsTheStoresLivenessRefinedByTheLog(t *testing.T) {
 		{"a cancel request is said", between, listedLive(func(i *seams.RunInfo) {
 			i.Owner, i.LeaseExpires, i.CancelRequested = "w1", future, &seams.CancelRequest{By: "ops", At: now}
 		}), seams.StatusRunning, "running", "", false, "w1 until ", "; cancel requested by ops at "},
+		{"nobody holds it, an action awaits approval: awaiting_approval, a person's decision awaited", awaitingApproval, held("", time.Time{}),
+			seams.StatusAwaitingApproval, "awaiting_approval", recovery.PlanAwaitDecision, false, "-", "nobody drives it; it waits for a person's decision"},
+		{"an agent's run awaiting approval waits for a person, not a worker", awaitingApproval, listedLive(func(i *seams.RunInfo) { i.Agent = "reviewer" }),
+			seams.StatusAwaitingApproval, "awaiting_approval", recovery.PlanAwaitDecision, false, "-", "waits for a person's decision (approve or reject"},
+		{"its last holder's lease ran out, an action awaits approval: awaiting_approval", awaitingApproval, held("w2", past),
+			seams.StatusAwaitingApproval, "awaiting_approval", recovery.PlanAwaitDecision, false, "-", "waits for a person's decision"},
+		{"an action in doubt awaits an operator's finding: awaiting_resolution", awaitingResolution, listedLive(func(i *seams.RunInfo) { i.Agent = "reviewer" }),
+			seams.StatusAwaitingResolution, "awaiting_resolution", recovery.PlanAwaitDecision, true, "-", "waits for an operator's finding"},
+		{"held, an action awaiting approval in its tail: running", awaitingApproval, held("w1", future),
+			seams.StatusRunning, "running", "", false, "w1 until ", "w1 drives it"},
 		{"finished, whoever the listing names", proptest.SoundStream, held("w1", future),
 			seams.StatusFinished, "finished", recovery.PlanReturnResult, false, "-", ""},
 		{"corrupt, held or not", corrupt, held("w1", future),
@@ -139,10 +155,21 @@ func TestAStatusIsTheStoresLivenessRefinedByTheLog(t *testing.T) {
 		if got := r.Liveness(); !strings.Contains(got, c.liveness) || (c.liveness == "") != (got == "") {
 			t.Errorf("%s: liveness %q, want it to hold %q", c.name, got, c.liveness)
 		}
+		if got := r.Liveness(); (c.status == seams.StatusAwaitingApproval || c.status == seams.StatusAwaitingResolution) && strings.Contains(got, "worker") {
+			t.Errorf("%s: liveness %q: a run awaiting a person does not wait for a worker", c.name, got)
+		}
 		if got := r.JSON(); got.Status != c.status {
 			t.Errorf("%s: the listing JSON says %s", c.name, got.Status)
 		}
 	}
+}
+
+// awaitsApproval is the intent of runID's step 0 action, a refund awaiting
+// approval (in place of SoundStream's list).
+func awaitsApproval(runID string) events.Intent {
+	return events.Intent{RunID: runID, IntentKind: events.IntentAction, CallIndex: 0, ResultID: "r0a", ReplayPolicy: events.ReplayNever,
+		ToolName: "refund", Awaits: events.AwaitsApproval, Arguments: `{"amount":250}`,
+		ArgumentsSchema: `{"type":"object","properties":{"amount":{"type":"number"}}}`}
 }
 
 // TestLiveJudgesAnEntryByItsHolder: one row per rule of an unfinished

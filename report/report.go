@@ -5,7 +5,8 @@
 // its log's tail; only a run nobody holds is in doubt), who drives a run
 // in words (Holder, Liveness), filters over listings, the JSON shapes
 // both print (the same names in `polyloop-inspect … --json` and the
-// viewer's endpoints), and the Follower both follow a run with, which
+// viewer's endpoints; a run awaiting a person carries its pending call,
+// PendingJSON), and the Follower both follow a run with, which
 // says when nobody drives the run it follows. It reads through
 // seams.RunReader (and seams.RunDescriber where a store is one), never a
 // particular store.
@@ -227,13 +228,15 @@ type RunJSON struct {
 	LastEvent   *string            `json:"last_event"`
 	FinalAnswer *string            `json:"final_answer"`
 	Usage       events.UsageTotals `json:"usage"`
+	Pending     *PendingJSON       `json:"pending"` // the call awaiting a person, if any
 	LivenessJSON
 }
 
 // JSON is r's listing JSON.
 func (r Run) JSON() RunJSON {
 	j := RunJSON{RunID: r.Info.RunID, Status: r.Status, Steps: r.Info.Steps, Events: r.Info.Events, Usage: r.Usage,
-		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent), LivenessJSON: LivenessOf(r.Info)}
+		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent), Pending: PendingOf(r.Verdict.Pending),
+		LivenessJSON: LivenessOf(r.Info)}
 	if r.Info.StopReason != "" {
 		reason := r.Info.StopReason
 		j.StopReason = &reason
@@ -247,16 +250,18 @@ func (r Run) JSON() RunJSON {
 // VerdictJSON is a run's verdict in JSON. Plan, PlanText and InDoubt
 // say what Resume would do, so they are null for a run a live driver
 // holds: its driver continues it, and what its tail shows is a call in
-// progress, not a side effect in doubt.
+// progress, not a side effect in doubt. Pending is the call awaiting a
+// person, whoever holds the run: the log says it waits.
 type VerdictJSON struct {
 	RunID       string             `json:"run_id"`
-	Verdict     string             `json:"verdict"` // the run's status as a verdict words it: finished, corrupt, running or Resumable
+	Verdict     string             `json:"verdict"` // the run's status as a verdict words it: finished, corrupt, running, Resumable, awaiting_approval or awaiting_resolution
 	Status      seams.RunStatus    `json:"status"`  // the run's listing status (Status)
 	State       *recovery.State    `json:"state"`
 	Step        *int               `json:"step"`
 	Plan        *recovery.Plan     `json:"plan"`
 	PlanText    *string            `json:"plan_text"`
 	InDoubt     *InDoubtJSON       `json:"in_doubt"`
+	Pending     *PendingJSON       `json:"pending"`
 	Problems    []string           `json:"problems"`
 	StopReason  *events.StopReason `json:"stop_reason"`
 	FinalAnswer *string            `json:"final_answer"`
@@ -302,8 +307,10 @@ func Problems(err error) []string {
 
 // Resumable is how a verdict words the statuses of a run nobody holds,
 // which Resume continues (awaiting, interrupted, in_doubt); a verdict says
-// finished, corrupt and running (a live driver holds the run and
-// continues it; Resume would find it busy) as the statuses do.
+// finished, corrupt, running (a live driver holds the run and continues
+// it; Resume would find it busy), awaiting_approval and
+// awaiting_resolution (Resume returns at once: the run waits for a
+// person's decision) as the statuses do.
 const Resumable = "resumable"
 
 // verdictOf is status as a verdict words it.
@@ -331,6 +338,7 @@ func Verdict(r Run, stream []events.Envelope) VerdictJSON {
 		return j
 	}
 	j.Step = &v.Step
+	j.Pending = PendingOf(v.Pending)
 	live := r.Liveness()
 	j.Liveness = &live
 	if r.Status.Held() {

@@ -199,9 +199,74 @@ func TestVerdictJSON(t *testing.T) {
 	if between.Verdict != "resumable" || between.InDoubt != nil || *between.Plan != recovery.PlanNextStep {
 		t.Errorf("between steps: %+v", between)
 	}
+	if doubt.Pending != nil || between.Pending != nil || fin.Pending != nil {
+		t.Errorf("a call pending in a run whose tail awaits nobody: %+v %+v %+v", doubt.Pending, between.Pending, fin.Pending)
+	}
 	bad := verdict(append(sound[:1:1], sound[2:]...)) // a model result without its intent
 	if bad.Verdict != "corrupt" || len(bad.Problems) == 0 || bad.State != nil || bad.Plan != nil {
 		t.Errorf("corrupt: %+v", bad)
+	}
+}
+
+// TestAPendingCallIsInTheJSON: the verdict and the listing of a run
+// awaiting a person carry the pending call — its id, step, what it
+// awaits, tool, arguments and their schema, since when — and those of a
+// run awaiting nobody carry null.
+func TestAPendingCallIsInTheJSON(t *testing.T) {
+	sound := proptest.SoundStream("r")
+	awaiting := envelopes(append(sound[:3:3], awaitsApproval("r")))
+	r := report.Classify(seams.RunInfo{RunID: "r"}, awaiting, nil)
+	since := report.Stamp(awaiting[3].Time())
+	want := `{"call":"r0a","step":0,"awaits":"approval","tool":"refund","arguments":"{\"amount\":250}",` +
+		`"arguments_schema":"{\"type\":\"object\",\"properties\":{\"amount\":{\"type\":\"number\"}}}","replay_policy":"never","since":"` + since + `"}`
+	for name, v := range map[string]any{"verdict": report.Verdict(r, awaiting), "listing": r.JSON()} {
+		var fields map[string]json.RawMessage
+		b, _ := json.Marshal(v)
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(fields["pending"]); got != want {
+			t.Errorf("%s: pending\n got %s\nwant %s", name, got, want)
+		}
+	}
+	done := report.Classify(seams.RunInfo{RunID: "r"}, envelopes(sound), nil)
+	b, _ := json.Marshal(done.JSON())
+	if !strings.Contains(string(b), `"pending":null`) {
+		t.Errorf("a finished run's listing: %s", b)
+	}
+}
+
+// TestDecisionCommands: the polyloop-admin lines that decide a pending
+// call — approve and reject, or resolve either way — and settle an action
+// in doubt, each word pasted into a shell as it is printed.
+func TestDecisionCommands(t *testing.T) {
+	approval := recovery.PendingCall{Call: "01CALL", Awaits: events.AwaitsApproval, Tool: "refund", ArgumentsSchema: `{"type":"object"}`}
+	resolution := recovery.PendingCall{Call: "01CALL", Awaits: events.AwaitsResolution, Tool: "refund"}
+	for _, c := range []struct {
+		store, run string
+		p          recovery.PendingCall
+		want       string
+	}{
+		{"/tmp/s.db", "refund-1/a", approval,
+			"approve: polyloop-admin approve /tmp/s.db refund-1/a 01CALL [--note TEXT] [--arguments JSON]\n" +
+				"reject: polyloop-admin reject /tmp/s.db refund-1/a 01CALL [--note TEXT]\n"},
+		{"/tmp/my runs.db", "it's", recovery.PendingCall{Call: "c", Awaits: events.AwaitsApproval},
+			"approve: polyloop-admin approve '/tmp/my runs.db' 'it'\\''s' c [--note TEXT]\n" +
+				"reject: polyloop-admin reject '/tmp/my runs.db' 'it'\\''s' c [--note TEXT]\n"},
+		{"postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x", "$(rm -rf ~)", resolution,
+			"it ran: polyloop-admin resolve 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL --executed --observation TEXT\n" +
+				"it did not run: polyloop-admin resolve 'postgres://u:xxxxx@h/d?sslmode=disable&polyloop_schema=x' '$(rm -rf ~)' 01CALL --not-executed\n"},
+	} {
+		var got strings.Builder
+		for _, cmd := range report.DecisionCommands(c.store, c.run, c.p) {
+			got.WriteString(cmd.Says + ": " + cmd.Line + "\n")
+		}
+		if got.String() != c.want {
+			t.Errorf("%s %s:\n got %s\nwant %s", c.store, c.run, got.String(), c.want)
+		}
+	}
+	if got, want := report.ResolveCommand("/tmp/s.db", "r 1", "c"), "polyloop-admin resolve /tmp/s.db 'r 1' c (--executed --observation TEXT | --not-executed)"; got != want {
+		t.Errorf("ResolveCommand: %s, want %s", got, want)
 	}
 }
 

@@ -178,12 +178,12 @@ func TestAdminLeavesDamagedPostgresRunsAlone(t *testing.T) {
 	}
 }
 
-// TestNoCommandShowsAPassword: delete, gc, compact, cancel and resume,
-// given a PostgreSQL store in each form a connection string takes (a URL,
-// a URL with its scheme in capitals, a keyword/value string) with a
-// password — of a
-// server that answers, or of one that cannot be reached — never print the
-// password, and never take the string for a file.
+// TestNoCommandShowsAPassword: delete, gc, compact, cancel, resume,
+// approve, reject and resolve, given a PostgreSQL store in each form a
+// connection string takes (a URL, a URL with its scheme in capitals, a
+// keyword/value string) with a password — of a server that answers, or
+// of one that cannot be reached — never print the password, and never
+// take the string for a file.
 func TestNoCommandShowsAPassword(t *testing.T) {
 	password, forms := pgtest.StoreForms(t)
 	const secret = "Pa55-w0rd"
@@ -198,6 +198,8 @@ func TestNoCommandShowsAPassword(t *testing.T) {
 			{"delete", target, "missing"}, {"delete", "--force", target, "missing"},
 			{"gc", "--finished-before", "1h", target}, {"compact", target},
 			{"cancel", target, "missing"}, {"cancel", "--by", "ops", target, "missing"}, {"resume", target, "missing"},
+			{"approve", target, "missing", "call"}, {"reject", "--note", "no", target, "missing", "call"},
+			{"resolve", "--not-executed", target, "missing", "call"},
 		} {
 			code, all := admin(args...)
 			for _, p := range []string{password, secret} {

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/polyloop/polyloop/cmd/internal/cliflags"
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/retention"
 	"github.com/polyloop/polyloop/stores"
@@ -21,12 +23,19 @@ const (
 	exitUsage   = 2
 )
 
-const usage = `polyloop-admin changes PolyLoop stores: cancels and resumes runs, deletes
-runs, compacts files. (polyloop-inspect only reads.)
+const usage = `polyloop-admin changes PolyLoop stores: cancels and resumes runs, records
+people's decisions on calls that await them, deletes runs, compacts files.
+(polyloop-inspect only reads.)
 
 Usage:
   polyloop-admin cancel [--by NAME] STORE RUN...    cancel runs, whoever drives them
   polyloop-admin resume STORE RUN...                hand interrupted runs back to the workers now
+  polyloop-admin approve [--by NAME] [--note TEXT] [--arguments JSON] STORE RUN CALL
+                                                    approve a call awaiting approval (edited arguments: a JSON object)
+  polyloop-admin reject [--by NAME] [--note TEXT] STORE RUN CALL
+                                                    reject it: it never runs, the model is told the note
+  polyloop-admin resolve [--by NAME] [--note TEXT] (--executed --observation TEXT | --not-executed) STORE RUN CALL
+                                                    say whether an action a crash left in doubt ran
   polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
   polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
@@ -42,11 +51,26 @@ a run started for an agent, that nobody drives, back to the workers at
 once: its retry time, failure count and last error are cleared. A bbolt
 file is changed only while no other process has it open.
 
+approve, reject and resolve record a decision by NAME (user@host unless
+--by says) on CALL, the id of a call that waits for one ("polyloop-inspect
+runs --status awaiting_approval STORE" lists the runs, "polyloop-inspect
+verify STORE RUN" names the call). An approved call runs once when the run
+goes on — with --arguments in place of the model's, checked against the
+tool's schema; a rejected one never runs, and the model is told "rejected
+by reviewer: NOTE". resolve settles an action whose outcome a crash left in
+doubt, which would otherwise end the run resume_state_unknown: it ran
+(--executed, --observation what you saw of its effect, which the model is
+told) or not (--not-executed); either way it is not run again. The run
+goes on when its program resumes it, or at once with the workers of its
+agent.
+
 A run being driven is never deleted; gc leaves damaged runs alone and
 names them. Exit status: 0 done, 1 a problem (a run refused — finished,
-unknown, held, not an agent's — or damaged, the store missing or
-unreadable, a store that keeps no cancel requests or no queue), 2 bad
-usage.
+unknown, held, not an agent's — or damaged; a decision refused — no such
+call, a call that awaits no such decision or is decided already, edited
+arguments the tool's schema refuses, a run driven meanwhile; the store
+missing or unreadable, a store that keeps no cancel requests or no
+queue), 2 bad usage.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -58,7 +82,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	force := fs.Bool("force", false, "delete unfinished runs too")
 	before := fs.Duration("finished-before", 0, "age of the runs gc deletes")
-	by := fs.String("by", "", "who cancels (default user@host)")
+	by := fs.String("by", "", "who cancels or decides (default user@host)")
+	note := fs.String("note", "", "a decision's note")
+	arguments := fs.String("arguments", "", "an approval's edited arguments, a JSON object")
+	executed := fs.Bool("executed", false, "resolve: the action ran")
+	notExecuted := fs.Bool("not-executed", false, "resolve: the action did not run")
+	observation := fs.String("observation", "", "resolve --executed: what was seen of its effect")
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "polyloop-admin %s: "+format+"\n\n%s", append([]any{args[0]}, append(a, usage)...)...)
 		return exitUsage
@@ -67,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	case "cancel", "resume", "delete", "gc", "compact":
+	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve":
 	default:
 		return bad("unknown command")
 	}
@@ -79,11 +108,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return bad("%v", err)
 	}
-	// One flag set serves the commands; each takes its own flag only.
-	own := map[string]string{"delete": "force", "gc": "finished-before", "cancel": "by"}[args[0]]
+	// One flag set serves the commands; each takes its own flags only.
+	own := map[string][]string{"delete": {"force"}, "gc": {"finished-before"}, "cancel": {"by"},
+		"approve": {"by", "note", "arguments"}, "reject": {"by", "note"},
+		"resolve": {"by", "note", "executed", "not-executed", "observation"}}[args[0]]
 	var stray string
+	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name != own {
+		set[f.Name] = true
+		if !slices.Contains(own, f.Name) {
 			stray = f.Name
 		}
 	})
@@ -92,6 +125,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if (args[0] == "cancel" || args[0] == "resume") && len(pos) < 2 {
 		return bad("want STORE and at least one RUN")
+	}
+	var d events.Decision // approve's, reject's or resolve's
+	if args[0] == "approve" || args[0] == "reject" || args[0] == "resolve" {
+		if d, err = decision(args[0], decisionFlags{by, note, arguments, observation, executed, notExecuted}, set, pos); err != nil {
+			return bad("%v", err)
+		}
 	}
 	if len(pos) > 0 && !stores.IsPostgres(pos[0]) {
 		// Opening creates a missing file: a mistyped path would be
@@ -103,6 +142,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx := context.Background()
 	switch args[0] {
+	case "approve", "reject", "resolve":
+		s, code := open(ctx, pos[0], stderr)
+		if s == nil {
+			return code
+		}
+		defer s.Close()
+		return decide(ctx, s, stores.Describe(pos[0]), args[0], d, stdout, stderr)
 	case "cancel", "resume":
 		if args[0] == "cancel" && *by == "" {
 			*by = operator()
@@ -178,7 +224,7 @@ func open(ctx context.Context, target string, stderr io.Writer) (stores.Store, i
 	s, err := stores.Open(ctx, target, stores.Options{LockTimeout: 2 * time.Second})
 	switch {
 	case errors.Is(err, kv.ErrLocked):
-		fmt.Fprintf(stderr, "polyloop-admin: %v; a bbolt file is changed by the process that writes it (engine.Cancel, worker.Pool.Resume, retention.Expire, kv.Store.DeleteRun) or while none does\n", err)
+		fmt.Fprintf(stderr, "polyloop-admin: %v; a bbolt file is changed by the process that writes it (engine.Cancel, engine.Decide, engine.Resolve, worker.Pool.Resume, retention.Expire, kv.Store.DeleteRun) or while none does\n", err)
 		return nil, exitProblem
 	case err != nil:
 		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)

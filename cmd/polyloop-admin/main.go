@@ -1,9 +1,16 @@
 // Command polyloop-admin changes a PolyLoop store: it cancels and resumes
-// runs, deletes runs and compacts files. (polyloop-inspect only reads;
-// the writing verbs live here, in a command named for them.)
+// runs, records people's decisions on calls that await them, deletes runs
+// and compacts files. (polyloop-inspect only reads; the writing verbs live
+// here, in a command named for them.)
 //
 //	polyloop-admin cancel [--by NAME] STORE RUN...        cancel runs, whoever drives them (engine.Cancel)
 //	polyloop-admin resume STORE RUN...                    hand interrupted agent runs back to the workers (seams.RunQueue.RequeueRun)
+//	polyloop-admin approve [--by NAME] [--note TEXT] [--arguments JSON] STORE RUN CALL
+//	                                                      approve a call awaiting approval, its arguments edited or not (engine.Decide)
+//	polyloop-admin reject [--by NAME] [--note TEXT] STORE RUN CALL
+//	                                                      reject it: it never runs, the model is told the note (engine.Decide)
+//	polyloop-admin resolve [--by NAME] [--note TEXT] (--executed --observation TEXT | --not-executed) STORE RUN CALL
+//	                                                      an operator's finding on an action a crash left in doubt (engine.Resolve)
 //	polyloop-admin delete [--force] STORE RUN...          delete finished runs (--force: unfinished too)
 //	polyloop-admin gc --finished-before 720h STORE        delete finished runs whose last event is older
 //	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
@@ -11,9 +18,11 @@
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string). cancel and resume need a store that keeps
 // cancel requests (seams.RunCanceller) and a queue of runs for workers
-// (seams.RunQueue); --by names who cancels, user@host by default. Exit
-// status: 0 done, 1 a problem (a run refused, the store unreadable or
-// without what the command needs), 2 bad usage.
+// (seams.RunQueue); --by names who cancels or decides, user@host by
+// default. CALL is the id of the call that waits (polyloop-inspect verify
+// STORE RUN names it). Exit status: 0 done, 1 a problem (a run or a
+// decision refused, the store unreadable or without what the command
+// needs), 2 bad usage.
 package main
 
 import (

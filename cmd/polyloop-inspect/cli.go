@@ -89,22 +89,29 @@ var commands = []command{
 
 Lists the store's runs, newest first (by the time of their first event): run
 id, status, steps, tokens, the agent a worker pool runs it for, when it
-started, and a finished run's stop reason or who holds an unfinished one:
-"W until T" (the driver W, its lease until T), "lease of W ran out at T" (W
-died or stopped), "-" (never held, or given back). Times are UTC, without
-the date on the day of the listing. Status is one of
-  finished     the run ended (see stop reason)
-  running      a live driver holds it (whatever its log's tail shows)
-  awaiting     nobody holds it; it waits for a worker of its agent
-  interrupted  nobody holds it: its driver stopped, or died and its lease ran out
-  in_doubt     nobody holds it and its log leaves a side effect's outcome unknown
-               (see verify)
-  corrupt      the log breaks a structural rule (see verify)
+started, and a finished run's stop reason, the call a run awaiting a person
+waits on ("TOOL call ID"), or who holds an unfinished one: "W until T" (the
+driver W, its lease until T), "lease of W ran out at T" (W died or stopped),
+"-" (never held, or given back). Times are UTC, without the date on the day
+of the listing. Status is one of
+  finished             the run ended (see stop reason)
+  running              a live driver holds it (whatever its log's tail shows)
+  awaiting             nobody holds it; it waits for a worker of its agent
+  interrupted          nobody holds it: its driver stopped, or died and its lease ran out
+  in_doubt             nobody holds it and its log leaves a side effect's outcome unknown
+                       (see verify; polyloop-admin resolve settles an action's)
+  awaiting_approval    nobody holds it: an action waits for a person's approval
+                       (polyloop-admin approve or reject; verify names the call)
+  awaiting_resolution  nobody holds it: an action a crash left in doubt waits for an
+                       operator's finding (polyloop-admin resolve)
+  corrupt              the log breaks a structural rule (see verify)
 With --json, one JSON object per run: run_id, status, steps, events,
 stop_reason, started, last_event, final_answer, usage (the run's token
-counts), agent, owner (the driver that holds or last held it), lease_expires,
-failures, last_error, retry_at (a worker pool's retries), cancel_requested
-({by, at}); null where absent.
+counts), pending (the call a run awaits a person for: call, step, awaits,
+tool, arguments, arguments_schema, replay_policy, since), agent, owner (the
+driver that holds or last held it), lease_expires, failures, last_error,
+retry_at (a worker pool's retries), cancel_requested ({by, at}); null where
+absent.
 
 Filters:
   --status S        only runs with status S (repeatable: any of them)
@@ -116,8 +123,11 @@ Exits 1 when a listed run is corrupt.
 `},
 	{name: "events", min: 2, max: 2, flags: eventsFlags, run: eventsCommand, help: `Usage: polyloop-inspect events [--json] [--follow] STORE RUN
 
-Prints every event of RUN: ULID, time, kind and a one-line summary. With
---json, one JSON object per line: id, time, kind, schema_version, payload.
+Prints every event of RUN: ULID, time, kind and a one-line summary (a
+decision: the call, the verdict, who, the note, edited arguments, the
+observation found), then the call the run awaits a person for, if any, with
+the polyloop-admin commands that decide it. With --json, one JSON object
+per line: id, time, kind, schema_version, payload.
 With --follow, keeps printing events as they become durable until the run
 finishes (or Ctrl-C). A run not in the store is an error. While nobody
 drives the run (awaiting a worker, or interrupted) it says so once on
@@ -127,8 +137,9 @@ no other process holds it (mount the viewer in the agent's process).
 `},
 	{name: "steps", min: 2, max: 2, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
-Prints RUN's trajectory as a table, then the run's usage and the cause of
-each env_error, by step. With --json, JSON Lines with exactly the eighteen StepRecord fields
+Prints RUN's trajectory as a table, then the run's usage, the cause of
+each env_error, by step, and the call the run awaits a person for, if any.
+With --json, JSON Lines with exactly the eighteen StepRecord fields
 (absent values are null), readable as is by a data-frame library; for many
 runs in one table, see export.
 `},
@@ -137,14 +148,19 @@ runs in one table, see export.
 Recovery's verdict for RUN, or for every run: finished (with the final
 answer); running (a live driver holds it: in which step, and who); resumable
 (nobody holds it: its status, at which breakpoint, what Resume would do, and
-who held it last); or corrupt, with every reason. For a run in doubt that
-nobody holds it lists each side effect whose outcome is unknown (step, kind,
-tool, result id, replay policy) and what Resume would do with it; env_error
-causes are shown. Prints OK or the number of corrupt runs last; exits 1 when
-any run is corrupt or RUN is not in the store. With --json, one JSON object
-per run: run_id, verdict (finished, running, resumable, corrupt), status,
-state, step, plan, plan_text, in_doubt (plan and in_doubt null for a run a
-driver holds), problems, stop_reason, final_answer, env_errors, liveness
+who held it last); awaiting_approval or awaiting_resolution (an action waits
+for a person: the pending call — tool, arguments, call id, since when — and
+the polyloop-admin commands that decide it); or corrupt, with every reason.
+For a run in doubt that nobody holds it lists each side effect whose outcome
+is unknown (step, kind, tool, result id, replay policy), what Resume would do
+with it, and, for an action, the polyloop-admin resolve command an operator
+who knows whether it ran may settle it with; env_error causes are shown.
+Prints OK or the number of corrupt runs last; exits 1 when any run is
+corrupt or RUN is not in the store. With --json, one JSON object per run:
+run_id, verdict (finished, running, resumable, awaiting_approval,
+awaiting_resolution, corrupt), status, state, step, plan, plan_text,
+in_doubt (plan and in_doubt null for a run a driver holds), pending (as runs
+--json gives it), problems, stop_reason, final_answer, env_errors, liveness
 (who drives it, in words), and the fields runs --json gives from agent on.
 `},
 	{name: "serve", min: 1, max: 1, flags: serveFlags, run: serveCommand, help: `Usage: polyloop-inspect serve [--addr 127.0.0.1:8080] [--allow-decisions --by NAME] STORE

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/polyloop/polyloop/events"
@@ -47,6 +48,10 @@ func eventsCommand(c *call) int {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", env.ID, stamp(env.Time()), env.Kind, summary(env.Event))
 	}
 	tw.Flush()
+	if p := pendingOf(c.args[1], stream); p != nil {
+		fmt.Fprintln(w, "the run waits for a person:")
+		c.printPending(w, c.args[1], *p, "  ")
+	}
 	return exitOK
 }
 
@@ -60,7 +65,15 @@ func summary(ev events.Event) string {
 		if e.ToolName != "" {
 			s += ", tool " + escape(e.ToolName)
 		}
+		if e.Awaits != "" {
+			s += ", awaits " + string(e.Awaits)
+			if e.Arguments != "" {
+				s += ", arguments " + clip(e.Arguments, 60)
+			}
+		}
 		return s
+	case events.Decision:
+		return decisionSummary(e)
 	case events.ModelCallResult:
 		if e.Failure != nil {
 			return fmt.Sprintf("result %s: failure %s", escape(e.ResultID), clip(*e.Failure, 60))
@@ -84,4 +97,25 @@ func summary(ev events.Event) string {
 		return r
 	}
 	return ""
+}
+
+// decisionSummary is one line about a person's decision: on which call,
+// the verdict and who, then the note, an approval's edited arguments and
+// a finding's observation where there are.
+func decisionSummary(d events.Decision) string {
+	verdict := string(d.Verdict)
+	if d.Verdict.Resolves() {
+		verdict = "found " + strings.ReplaceAll(verdict, "_", " ")
+	}
+	s := fmt.Sprintf("call %s %s by %s", escape(d.ResultID), verdict, clip(d.By, 40))
+	if d.Note != "" {
+		s += fmt.Sprintf(", note \"%s\"", clip(d.Note, 60))
+	}
+	if d.Arguments != nil {
+		s += ", arguments " + clip(*d.Arguments, 60)
+	}
+	if d.Observation != nil {
+		s += fmt.Sprintf(", observation \"%s\"", clip(*d.Observation, 60))
+	}
+	return s
 }

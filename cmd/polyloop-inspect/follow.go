@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -29,21 +30,32 @@ func (c *call) followRun(ctx context.Context, runID string, print func(env event
 }
 
 // followIn is followRun on an open store. A run the store does not hold is
-// an error. While nobody drives the run (awaiting, interrupted) it says so
-// on standard error, once, and again when a driver takes the run; it goes
-// on following either way, since a worker or an operator may continue it.
+// an error. While nobody drives the run (awaiting, interrupted, or
+// awaiting a person's decision, as the events printed show) it says so on
+// standard error, once, and again when a driver takes the run; it goes on
+// following either way, since a worker, an operator or a person's
+// decision may continue it.
 func (c *call) followIn(ctx context.Context, s seams.RunReader, runID string, print func(env events.Envelope)) int {
+	var fold recovery.Fold // of the events printed: whether the run waits for a person
 	err := report.NewFollower(s, runID).Follow(ctx, followPoll, func(batch []events.Envelope) error {
 		for _, env := range batch {
+			fold.Apply(env.Event)
 			print(env)
 		}
 		return nil
 	}, func(info seams.RunInfo) error {
-		what := escape(report.Liveness(info.Status, info, time.Now()))
-		if info.Status.Held() {
+		status := info.Status
+		if p := fold.Pending(); p != nil && !status.Held() {
+			status = seams.StatusAwaitingApproval
+			if p.Awaits == events.AwaitsResolution {
+				status = seams.StatusAwaitingResolution
+			}
+		}
+		what := escape(report.Liveness(status, info, time.Now()))
+		if status.Held() {
 			fmt.Fprintf(c.stderr, "polyloop-inspect: run %q is running again: %s\n", clip(runID, 80), what)
 		} else {
-			fmt.Fprintf(c.stderr, "polyloop-inspect: run %q is %s: %s; still following\n", clip(runID, 80), info.Status, what)
+			fmt.Fprintf(c.stderr, "polyloop-inspect: run %q is %s: %s; still following\n", clip(runID, 80), status, what)
 		}
 		return nil
 	})

@@ -93,6 +93,8 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 		seamstest.Turn{Reply: events.ModelReply{Content: `TOOL count {}`, Usage: &events.Usage{InputTokens: &in, OutputTokens: &out, CachedInputTokens: &cached}}},
 		seamstest.Turn{Reply: events.ModelReply{Content: `FINAL: 3 files`}})
 
+	writeDecisions(t, store)
+
 	// A corrupt log: kv keeps only the start/finish rules, so a result
 	// without its intent and a gap in the steps can be written directly.
 	ctx := context.Background()
@@ -105,6 +107,97 @@ func writeFixture(t *testing.T, store seams.RunStore) {
 	); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// writeDecisions writes the fixture's runs of human decisions: a refund
+// awaiting approval (k); a pay a crash left in doubt, awaiting an
+// operator's finding (l); a refund rejected (m), a pay found executed
+// (n) and a refund approved with edited arguments (o), each then run to
+// its end.
+func writeDecisions(t *testing.T, store seams.RunStore) {
+	t.Helper()
+	ctx := context.Background()
+	amount := map[string]any{"type": "object", "required": []string{"amount"}, "additionalProperties": false,
+		"properties": map[string]any{"amount": map[string]any{"type": "number", "maximum": 500}}}
+	reg, err := seams.NewRegistry(
+		seams.Tool{Spec: seams.ToolSpec{Name: "refund", RequiresApproval: true, Parameters: amount},
+			Handler: func(_ context.Context, a map[string]any) (string, error) {
+				return fmt.Sprintf("refunded %v", a["amount"]), nil
+			}},
+		seams.Tool{Spec: seams.ToolSpec{Name: "pay", Parameters: amount},
+			Handler: func(_ context.Context, a map[string]any) (string, error) {
+				return fmt.Sprintf("paid %v", a["amount"]), nil
+			}},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// drive starts or resumes id, crashing after crashAfter appends (-1:
+	// never); the model first asks for call, then answers.
+	drive := func(id string, crashAfter int, awaitResolution bool, call string) error {
+		var s seams.RunStore = store
+		if crashAfter >= 0 {
+			s = &proptest.CrashingStore{Inner: store, After: crashAfter}
+		}
+		def := engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies(call, `FINAL: done`)}, Parser: seamstest.Parser{}, Store: s}
+		req := engine.Request{RunID: id, Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
+			OneEventPerTransaction: true, AwaitResolution: awaitResolution,
+			Budget:  engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 10_000},
+			Context: engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "refund or pay")}}}
+		_, err := engine.Resume(ctx, def, req)
+		if errors.Is(err, engine.ErrRunNotFound) {
+			_, err = engine.Run(ctx, def, req)
+		}
+		return err
+	}
+	must := func(what string, err error, want error) {
+		t.Helper()
+		if !errors.Is(err, want) {
+			t.Fatalf("fixture %s: %v, want %v", what, err, want)
+		}
+	}
+	// awaited is the call id of the run's last action intent.
+	awaited := func(id string) string {
+		stream, err := store.Load(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := len(stream) - 1; i >= 0; i-- {
+			if in, ok := stream[i].Event.(events.Intent); ok && in.IntentKind == events.IntentAction {
+				return in.ResultID
+			}
+		}
+		t.Fatalf("fixture %s: no action", id)
+		return ""
+	}
+	const refund, pay = `TOOL refund {"amount":250}`, `TOOL pay {"amount":5}`
+	must("k", drive("k-awaiting-approval", -1, false, refund), engine.ErrAwaitingDecision)
+	time.Sleep(2 * time.Millisecond)
+	// run_started, model intent, model result, action intent: the pay
+	// runs, its outcome is never written.
+	must("l", drive("l-awaiting-resolution", 4, true, pay), proptest.ErrCrashed)
+	must("l resumed", drive("l-awaiting-resolution", -1, true, pay), engine.ErrAwaitingDecision)
+	time.Sleep(2 * time.Millisecond)
+	must("m", drive("m-rejected", -1, false, refund), engine.ErrAwaitingDecision)
+	_, err = engine.Decide(ctx, store, events.Decision{RunID: "m-rejected", ResultID: awaited("m-rejected"), Verdict: events.VerdictRejected,
+		By: "bo", Note: "the order was never paid"})
+	must("m decided", err, nil)
+	must("m resumed", drive("m-rejected", -1, false, refund), nil)
+	time.Sleep(2 * time.Millisecond)
+	must("n", drive("n-resolved", 4, false, pay), proptest.ErrCrashed)
+	seen := "payment p-7 is in the ledger"
+	_, err = engine.Resolve(ctx, store, events.Decision{RunID: "n-resolved", ResultID: awaited("n-resolved"), Verdict: events.VerdictExecuted,
+		By: "ops", Observation: &seen})
+	must("n resolved", err, nil)
+	must("n resumed", drive("n-resolved", -1, false, pay), nil)
+	time.Sleep(2 * time.Millisecond)
+	must("o", drive("o-approved-edited", -1, false, refund), engine.ErrAwaitingDecision)
+	edited := `{"amount":120}`
+	_, err = engine.Decide(ctx, store, events.Decision{RunID: "o-approved-edited", ResultID: awaited("o-approved-edited"),
+		Verdict: events.VerdictApproved, By: "ana", Note: "half was a gift card", Arguments: &edited})
+	must("o decided", err, nil)
+	must("o resumed", drive("o-approved-edited", -1, false, refund), nil)
+	time.Sleep(2 * time.Millisecond)
 }
 
 var (
@@ -196,6 +289,18 @@ func transcriptCases(path string) [][]string {
 		{"verify", path, "a-finished"},
 		{"verify", path, "g-never-action-unknown"},
 		{"verify", path, "no-such-run"},
+		{"runs", path, "--status", "awaiting_approval", "--status", "awaiting_resolution"},
+		{"runs", "--json", "--status", "awaiting_approval", path},
+		{"verify", path, "k-awaiting-approval"},
+		{"verify", "--json", path, "k-awaiting-approval"},
+		{"verify", path, "l-awaiting-resolution"},
+		{"events", path, "k-awaiting-approval"},
+		{"steps", path, "k-awaiting-approval"},
+		{"events", path, "l-awaiting-resolution"},
+		{"events", path, "m-rejected"},
+		{"events", path, "n-resolved"},
+		{"events", path, "o-approved-edited"},
+		{"steps", path, "m-rejected"},
 		{"events", path, "a-finished"},
 		{"events", "--json", path, "c-known-failure"},
 		{"steps", path, "a-finished"},
@@ -348,7 +453,8 @@ func TestExportIsOneTable(t *testing.T) {
 		}
 		perRun[row["run_id"].(string)]++
 	}
-	want := map[string]int{"a-finished": 4, "f-between-steps": 1, "g-never-action-unknown": 2, "h-escapes": 1, "i-env-error": 1, "j-usage": 2}
+	want := map[string]int{"a-finished": 4, "f-between-steps": 1, "g-never-action-unknown": 2, "h-escapes": 1, "i-env-error": 1, "j-usage": 2,
+		"m-rejected": 2, "n-resolved": 2, "o-approved-edited": 2}
 	if !reflect.DeepEqual(perRun, want) {
 		t.Fatalf("steps per run %v, want %v", perRun, want)
 	}

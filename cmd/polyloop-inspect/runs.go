@@ -127,13 +127,22 @@ func (c *call) runsOf(s seams.RunReader) int {
 // column is detail.
 
 // detail is a listing line's last column: a finished run's stop reason,
-// who holds an unfinished one (report.Holder: "W until T", "lease of W
-// ran out at T"), "-" for a run nobody holds or held (the status says
-// which) and for a corrupt one. Of the two only one ever applies, so one
-// column keeps a line within 120 columns.
+// the pending call of a run awaiting a person ("refund call ID", the CALL
+// polyloop-admin approve, reject and resolve take), who holds another
+// unfinished one (report.Holder: "W until T", "lease of W ran out at T"),
+// "-" for a run nobody holds or held (the status says which) and for a
+// corrupt one. Only one ever applies, so one column keeps a line within
+// 120 columns.
 func detail(r report.Run) string {
 	if r.Info.StopReason != "" && r.Status == seams.StatusFinished {
 		return string(r.Info.StopReason)
+	}
+	if p := r.Verdict.Pending; p != nil && report.AwaitsPerson(r.Status) {
+		tool := "action"
+		if p.Tool != "" {
+			tool = clip(p.Tool, 16)
+		}
+		return fmt.Sprintf("%s call %s", tool, clip(p.Call, 40))
 	}
 	info := r.Info
 	info.Owner = clip(info.Owner, 24) // escaped, and short enough to leave the time in view

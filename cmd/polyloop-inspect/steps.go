@@ -56,5 +56,9 @@ func stepsCommand(c *call) int {
 	for _, e := range report.EnvErrors(stream) {
 		fmt.Fprintf(w, "step %d env_error: %s\n", e.Step, clip(e.Cause, 200))
 	}
+	if p := pendingOf(c.args[1], stream); p != nil {
+		fmt.Fprintf(w, "step %d waits for a person:\n", p.Step)
+		c.printPending(w, c.args[1], *p, "  ")
+	}
 	return exitOK
 }

@@ -76,7 +76,9 @@ func (c *call) verifyIn(s seams.RunReader) int {
 // printVerdict prints r's verdict: finished with its answer; corrupt with
 // every reason; for an unfinished run its status, where its log stops and
 // who drives it — and, for a run nobody holds, what Resume would do and the
-// side effect in doubt (a run a driver holds is in a call, not in doubt).
+// side effect in doubt (a run a driver holds is in a call, not in doubt),
+// with the command that settles an action in doubt; for a run awaiting a
+// person, the pending call and the commands that decide it.
 func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 	w, id, v := c.stdout, clip(r.Info.RunID, 80), r.Verdict
 	defer func() {
@@ -103,12 +105,18 @@ func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 		fmt.Fprintf(w, "%s: running, before step %d\n", id, v.Step)
 	case r.Status.Held():
 		fmt.Fprintf(w, "%s: running, in step %d\n", id, v.Step)
+	case report.AwaitsPerson(r.Status):
+		fmt.Fprintf(w, "%s: %s in step %d: %s\n", id, r.Status, v.Step, v.Plan.Describe())
 	case v.State == recovery.BetweenSteps:
 		fmt.Fprintf(w, "%s: %s, resumable before step %d: %s\n", id, r.Status, v.Step, v.Plan.Describe())
 	default:
 		fmt.Fprintf(w, "%s: %s, resumable in step %d at %s: %s\n", id, r.Status, v.Step, v.State, v.Plan.Describe())
 	}
 	fmt.Fprintf(w, "  %s\n", escape(r.Liveness()))
+	if p := v.Pending; p != nil {
+		c.printPending(w, r.Info.RunID, *p, "  ")
+		return
+	}
 	if in := v.InDoubt; in != nil && !r.Status.Held() {
 		tool := "-"
 		if in.ToolName != "" {
@@ -118,6 +126,9 @@ func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 		}
 		fmt.Fprintf(w, "  in doubt: step %d, %s, tool %s, result id %s, replay policy %s -> %s\n",
 			in.CallIndex, in.IntentKind, tool, escape(in.ResultID), in.ReplayPolicy, v.Plan.Describe())
+		if in.IntentKind == events.IntentAction {
+			c.printResolvable(w, r.Info.RunID, *in, "  ")
+		}
 	}
 }
 

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
+	"github.com/polyloop/polyloop/stores"
+)
+
+// printPending prints the call runID awaits a person for: what waits
+// (approval, or an operator's finding on an action in doubt) and since
+// when, the step, tool, call id and arguments, then the polyloop-admin
+// commands that decide it, each line indented by indent.
+func (c *call) printPending(w io.Writer, runID string, p recovery.PendingCall, indent string) {
+	what := "approval"
+	if p.Awaits == events.AwaitsResolution {
+		what = "an operator's finding (the action may or may not have run)"
+	}
+	tool := "a tool-less action"
+	if p.Tool != "" {
+		tool = "tool " + escape(p.Tool)
+	}
+	fmt.Fprintf(w, "%sawaits %s since %s: step %d, %s, call %s\n", indent, what, stamp(p.Since), p.Step, tool, escape(p.Call))
+	if p.Arguments != "" {
+		fmt.Fprintf(w, "%s  arguments: %s\n", indent, clip(p.Arguments, 500))
+	}
+	cmds := report.DecisionCommands(stores.Describe(c.args[0]), runID, p)
+	width := 0
+	for _, cmd := range cmds {
+		width = max(width, len(cmd.Says))
+	}
+	for _, cmd := range cmds {
+		fmt.Fprintf(w, "%s  %-*s %s\n", indent, width+1, cmd.Says+":", escape(cmd.Line))
+	}
+}
+
+// printResolvable says how an operator who knows whether the action in
+// doubt in (nobody drives its run) ran may settle it, instead of what
+// Resume would do with it.
+func (c *call) printResolvable(w io.Writer, runID string, in events.Intent, indent string) {
+	fmt.Fprintf(w, "%san operator who knows whether it ran may settle it: %s\n",
+		indent, escape(report.ResolveCommand(stores.Describe(c.args[0]), runID, in.ResultID)))
+}
+
+// pendingOf is the call stream's run awaits a person for, nil when none.
+func pendingOf(runID string, stream []events.Envelope) *recovery.PendingCall {
+	return report.Classify(seams.RunInfo{RunID: runID}, stream, nil).Verdict.Pending
+}

@@ -1,0 +1,93 @@
+package report
+
+import (
+	"regexp"
+	"strings"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// PendingJSON is a call awaiting a person's decision, in JSON: its id
+// (the CALL of polyloop-admin approve, reject and resolve), step, what it
+// awaits (approval, resolution), the tool and its arguments (JSON text),
+// the tool's parameter schema that edited arguments must satisfy (JSON
+// text), its replay policy, and since when it waits; null where absent.
+type PendingJSON struct {
+	Call            string              `json:"call"`
+	Step            int                 `json:"step"`
+	Awaits          events.Awaits       `json:"awaits"`
+	Tool            *string             `json:"tool"`
+	Arguments       *string             `json:"arguments"`
+	ArgumentsSchema *string             `json:"arguments_schema"`
+	ReplayPolicy    events.ReplayPolicy `json:"replay_policy"`
+	Since           *string             `json:"since"`
+}
+
+// PendingOf is p in JSON; nil for nil.
+func PendingOf(p *recovery.PendingCall) *PendingJSON {
+	if p == nil {
+		return nil
+	}
+	return &PendingJSON{Call: p.Call, Step: p.Step, Awaits: p.Awaits, Tool: stringOrNil(p.Tool), Arguments: stringOrNil(p.Arguments),
+		ArgumentsSchema: stringOrNil(p.ArgumentsSchema), ReplayPolicy: p.ReplayPolicy, Since: stampOrNil(p.Since)}
+}
+
+// AwaitsPerson reports whether a run with status s waits for a person
+// (awaiting_approval, awaiting_resolution): nobody drives it, and no
+// worker or Resume continues it before a decision is recorded.
+func AwaitsPerson(s seams.RunStatus) bool {
+	return s == seams.StatusAwaitingApproval || s == seams.StatusAwaitingResolution
+}
+
+// DecisionCommand is a polyloop-admin command line that decides a pending
+// call, and what it says of the call.
+type DecisionCommand struct {
+	Says string // "approve", "reject"; "it ran", "it did not run"
+	// Line is the command, runnable as it is up to the options in
+	// brackets at its end; TEXT and JSON are for the person to write.
+	Line string
+}
+
+// DecisionCommands are the polyloop-admin command lines that decide p, a
+// call of runID in the store named store — as stores.Describe names it,
+// a password masked: approve and reject for an approval, resolve
+// --executed and --not-executed for an operator's finding. Each word is
+// quoted for a POSIX shell where it needs to be.
+func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCommand {
+	target := strings.Join([]string{shellWord(store), shellWord(runID), shellWord(p.Call)}, " ")
+	if p.Awaits == events.AwaitsResolution {
+		return []DecisionCommand{
+			{"it ran", "polyloop-admin resolve " + target + " --executed --observation TEXT"},
+			{"it did not run", "polyloop-admin resolve " + target + " --not-executed"},
+		}
+	}
+	edit := ""
+	if p.ArgumentsSchema != "" {
+		edit = " [--arguments JSON]"
+	}
+	return []DecisionCommand{
+		{"approve", "polyloop-admin approve " + target + " [--note TEXT]" + edit},
+		{"reject", "polyloop-admin reject " + target + " [--note TEXT]"},
+	}
+}
+
+// ResolveCommand is the polyloop-admin command line with which an
+// operator who knows whether the action call of runID, in doubt, ran
+// settles it (store as in DecisionCommands).
+func ResolveCommand(store, runID, call string) string {
+	return "polyloop-admin resolve " + strings.Join([]string{shellWord(store), shellWord(runID), shellWord(call)}, " ") +
+		" (--executed --observation TEXT | --not-executed)"
+}
+
+var plainWord = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)
+
+// shellWord is s as one word for a POSIX shell: as it is when nothing in
+// it is special, in single quotes otherwise.
+func shellWord(s string) string {
+	if plainWord.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
