@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/report"
 )
 
@@ -69,13 +68,10 @@ func (h *handler) decisionsJSON(w http.ResponseWriter, r *http.Request) {
 }
 
 // verdictJSON is the run's JSON at /api/verify: its verdict as
-// polyloop-inspect verify --json prints it, and the call awaiting a
-// person, if any.
+// polyloop-inspect verify --json prints it (the call awaiting a person
+// among it), and the token of a viewer that writes decisions.
 type verdictJSON struct {
 	report.VerdictJSON
-	// Pending is the call the run's log says awaits a person's decision
-	// (recovery.Verdict.Pending), null when none does.
-	Pending *recovery.PendingCall `json:"pending"`
 	// DecideToken is the token /api/decide wants, from a viewer that
 	// writes decisions (Options.Decide); absent otherwise.
 	DecideToken string `json:"decide_token,omitempty"`

@@ -363,7 +363,7 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run := report.Classify(info, stream, loadErr)
-	writeJSON(w, verdictJSON{VerdictJSON: report.Verdict(run, stream), Pending: run.Verdict.Pending, DecideToken: h.token})
+	writeJSON(w, verdictJSON{VerdictJSON: report.Verdict(run, stream), DecideToken: h.token})
 }
 
 // describe is the run's entry as the store lists it, with its holder
