@@ -39,20 +39,16 @@ func (e *AwaitingError) Error() string {
 // Unwrap returns ErrAwaitingDecision.
 func (e *AwaitingError) Unwrap() error { return ErrAwaitingDecision }
 
-// Errors of Decide and Resolve. Each refusal writes nothing.
+// Errors of Decide and Resolve, beside ErrRunNotFound (which also matches
+// seams.ErrNoRun), ErrRunBusy (seams.ErrRunLocked) and recovery.ErrCorrupt
+// (events.ErrCorruption). Each refusal writes nothing. They are the seams'
+// (seams/decision.go), so readers that offer decisions tell them apart
+// without importing the engine.
 var (
-	// ErrNoSuchCall: the run has no action of that call id (it may be
-	// another run's call).
-	ErrNoSuchCall = errors.New("engine: no such call in this run")
-	// ErrNotPending: the call is the run's, but does not await the
-	// decision asked for (it completed, awaits another kind of decision,
-	// or its outcome is not in doubt).
-	ErrNotPending = errors.New("engine: the call does not await this decision")
-	// ErrAlreadyDecided: a decision on the call is already recorded.
-	ErrAlreadyDecided = errors.New("engine: the call is already decided")
-	// ErrInvalidDecision: the decision itself is wrong (no name, a verdict
-	// of the other kind, edited arguments the tool's schema refuses).
-	ErrInvalidDecision = errors.New("engine: invalid decision")
+	ErrNoSuchCall      = seams.ErrNoSuchCall
+	ErrNotPending      = seams.ErrNotPending
+	ErrAlreadyDecided  = seams.ErrAlreadyDecided
+	ErrInvalidDecision = seams.ErrInvalidDecision
 )
 
 // decideWait bounds how long Decide and Resolve wait for a driver that
@@ -125,7 +121,7 @@ func record(ctx context.Context, store seams.RunStore, d events.Decision) (event
 		case err != nil:
 			return events.Envelope{}, err
 		case len(stream) == 0:
-			return events.Envelope{}, ErrRunNotFound
+			return events.Envelope{}, fmt.Errorf("%w: %w", ErrRunNotFound, seams.ErrNoRun)
 		}
 		if err := decidable(stream, d); err != nil {
 			return events.Envelope{}, err

@@ -78,8 +78,8 @@
 // else the fixed Options.Reviewer.
 //
 // The viewer does not import the engine: the mounter hands it the
-// engine's verbs, routed by verdict, and says which status answers which
-// refusal:
+// engine's verbs, routed by verdict; their refusals are the seams' (seams
+// /decision.go), which DecisionStatus answers with an HTTP status:
 //
 //	viewer.New(store, viewer.Options{
 //		Decide: func(ctx context.Context, d events.Decision) (events.Envelope, error) {
@@ -87,18 +87,6 @@
 //				return engine.Resolve(ctx, store, d)
 //			}
 //			return engine.Decide(ctx, store, d)
-//		},
-//		DecideStatus: func(err error) int {
-//			switch {
-//			case errors.Is(err, engine.ErrInvalidDecision):
-//				return http.StatusBadRequest
-//			case errors.Is(err, engine.ErrRunNotFound), errors.Is(err, engine.ErrNoSuchCall):
-//				return http.StatusNotFound
-//			case errors.Is(err, engine.ErrNotPending), errors.Is(err, engine.ErrAlreadyDecided),
-//				errors.Is(err, engine.ErrRunBusy), errors.Is(err, recovery.ErrCorrupt):
-//				return http.StatusConflict
-//			}
-//			return http.StatusInternalServerError
 //		},
 //		Reviewer: "ops-desk",
 //	})
@@ -145,14 +133,9 @@ type Options struct {
 	// doubt — and returns its event. The mounter routes d by its verdict:
 	// engine.Decide for an approval's answer, engine.Resolve for a
 	// finding. The viewer fills in d.By (By, Reviewer); an error is the
-	// refusal shown to the person, with DecideStatus's status. Nil: the
+	// refusal shown to the person, with its DecisionStatus. Nil: the
 	// viewer only reads.
 	Decide func(ctx context.Context, d events.Decision) (events.Envelope, error)
-	// DecideStatus is the HTTP status that answers an error of Decide —
-	// 400 for an invalid decision, 404 for a run or call that is not
-	// there, 409 for a call that does not await that decision or is
-	// already decided. Nil: 500 for every error.
-	DecideStatus func(err error) int
 	// By names who makes the decision a request posts (Decision.By): the
 	// person a proxy or session authenticated, say. An error refuses the
 	// decision (403, with the error's text). Nil: Reviewer.

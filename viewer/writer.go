@@ -52,8 +52,8 @@ const badToken = "the decision does not carry this viewer's token: reload the ru
 
 // decide records d (its By from the request) through Options.Decide,
 // answering the status of a refusal with it: 403 when Options.By names
-// nobody, 400 for a verdict that is none, the mounter's status
-// (Options.DecideStatus) for Decide's refusals.
+// nobody, 400 for a verdict that is none, DecisionStatus of Decide's
+// refusals.
 func (h *handler) decide(r *http.Request, d events.Decision) (events.Envelope, int, error) {
 	if err := seams.ValidRunID(d.RunID); err != nil {
 		return events.Envelope{}, http.StatusBadRequest, err
@@ -71,13 +71,27 @@ func (h *handler) decide(r *http.Request, d events.Decision) (events.Envelope, i
 	d.By = by
 	env, err := h.o.Decide(r.Context(), d)
 	if err != nil {
-		code := http.StatusInternalServerError
-		if h.o.DecideStatus != nil {
-			code = h.o.DecideStatus(err)
-		}
-		return env, code, err
+		return env, DecisionStatus(err), err
 	}
 	return env, http.StatusOK, nil
+}
+
+// DecisionStatus is the HTTP status that answers a refusal of a decision,
+// by the seams' refusals the engine's Decide and Resolve return: 400 for
+// an invalid decision, 404 for a run or call that is not there, 409 for a
+// call that does not await that decision or is already decided, a run a
+// driver holds or whose tail moved, and a damaged run; 500 otherwise.
+func DecisionStatus(err error) int {
+	switch {
+	case errors.Is(err, seams.ErrInvalidDecision):
+		return http.StatusBadRequest
+	case errors.Is(err, seams.ErrNoRun), errors.Is(err, seams.ErrNoSuchCall):
+		return http.StatusNotFound
+	case errors.Is(err, seams.ErrNotPending), errors.Is(err, seams.ErrAlreadyDecided), errors.Is(err, seams.ErrRunLocked),
+		errors.Is(err, seams.ErrTailMoved), errors.Is(err, events.ErrCorruption):
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
 }
 
 // by names who decides on r: Options.By, or Options.Reviewer.

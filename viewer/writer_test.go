@@ -22,9 +22,9 @@ import (
 )
 
 // writerOptions mount the viewer as a writer over store, as a service
-// would: engine.Decide and engine.Resolve routed by the verdict, the
-// engine's refusals answered with their HTTP status, decisions recorded
-// as "ana".
+// would: engine.Decide and engine.Resolve routed by the verdict (their
+// refusals answered by viewer.DecisionStatus), decisions recorded as
+// "ana".
 func writerOptions(store seams.RunStore) viewer.Options {
 	return viewer.Options{
 		Decide: func(ctx context.Context, d events.Decision) (events.Envelope, error) {
@@ -32,18 +32,6 @@ func writerOptions(store seams.RunStore) viewer.Options {
 				return engine.Resolve(ctx, store, d)
 			}
 			return engine.Decide(ctx, store, d)
-		},
-		DecideStatus: func(err error) int {
-			switch {
-			case errors.Is(err, engine.ErrInvalidDecision):
-				return http.StatusBadRequest
-			case errors.Is(err, engine.ErrRunNotFound), errors.Is(err, engine.ErrNoSuchCall):
-				return http.StatusNotFound
-			case errors.Is(err, engine.ErrNotPending), errors.Is(err, engine.ErrAlreadyDecided), errors.Is(err, engine.ErrRunBusy),
-				errors.Is(err, recovery.ErrCorrupt):
-				return http.StatusConflict
-			}
-			return http.StatusInternalServerError
 		},
 		Reviewer: "ana",
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
-	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/viewer"
 )
@@ -71,7 +70,7 @@ func serveCommand(c *call) int {
 
 // decisions mount the viewer as a writer of decisions over store, by by:
 // engine.Decide answers an approval, engine.Resolve a finding on an action
-// in doubt, and each of their refusals has its HTTP status.
+// in doubt (their refusals answered by viewer.DecisionStatus).
 func decisions(store seams.RunStore, by string) viewer.Options {
 	return viewer.Options{
 		Decide: func(ctx context.Context, d events.Decision) (events.Envelope, error) {
@@ -79,18 +78,6 @@ func decisions(store seams.RunStore, by string) viewer.Options {
 				return engine.Resolve(ctx, store, d)
 			}
 			return engine.Decide(ctx, store, d)
-		},
-		DecideStatus: func(err error) int {
-			switch {
-			case errors.Is(err, engine.ErrInvalidDecision):
-				return http.StatusBadRequest
-			case errors.Is(err, engine.ErrRunNotFound), errors.Is(err, engine.ErrNoSuchCall):
-				return http.StatusNotFound
-			case errors.Is(err, engine.ErrNotPending), errors.Is(err, engine.ErrAlreadyDecided), errors.Is(err, engine.ErrRunBusy),
-				errors.Is(err, recovery.ErrCorrupt):
-				return http.StatusConflict
-			}
-			return http.StatusInternalServerError
 		},
 		Reviewer: by,
 	}
