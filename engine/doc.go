@@ -105,6 +105,33 @@
 // budget, a final answer) finishes. Start uses it to write a run's
 // RunStarted alone (a submitted run, which a worker drives).
 //
+// # Human decisions
+//
+// An action may need a person's approval before it runs: every call of a
+// tool whose spec says so (seams.ToolSpec.RequiresApproval), or the calls
+// the request's policy picks (Request.Approval). Its intent is made
+// durable awaiting a decision, with the call's arguments and the tool's
+// schema, and Run or Resume return at once with an *AwaitingError
+// (ErrAwaitingDecision) naming the pending call; the process may exit.
+// It is an error and not a RunResult because the run has no result yet:
+// a RunResult is a finished run's, the one RunFinished records, and a
+// waiting run is unfinished, as an interrupted one is. Decide records the
+// decision — approved, optionally with edited arguments checked against
+// the recorded schema, or rejected — as one event under the tail rule,
+// and Resume continues: an approved action gets its executing intent
+// (same result id) and runs once; a rejected one completes not_executed
+// and the model is told "rejected by reviewer: <note>". Likewise an
+// action a crash left in doubt may be resolved by an operator (Resolve:
+// executed with what they observed, or not executed) instead of ending
+// the run resume_state_unknown; with Request.AwaitResolution, Resume
+// records that such a never action awaits a finding and waits for it.
+//
+// In an export the trajectory keeps its eighteen fields: tool_arguments
+// are the arguments that ran (an edited approval's), a rejected step's
+// observation says "rejected by reviewer: <note>", a resolved step is
+// completed as found; who decided and when are in the Decision event and
+// in projections.RunLog's Decisions.
+//
 // # Choices worth knowing
 //
 //   - Every observation fed back to the model, a parse failure's explanation

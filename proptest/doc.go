@@ -9,9 +9,11 @@
 // (seams.RunQueue, seams.RunCanceller, seams.RunDescriber) that every
 // QueueStore keeps alike; CorruptionContract, how a store reports each kind of
 // damage it can suffer; AppendEach, a stream written event by event;
-// SoundStream and FailedModelCall, sample streams holding every record
-// shape; LongReplyStream, a sound stream whose first step a store may keep
-// as a reference to its reply; CrashingStore, a store that dies at its
+// SoundStream, FailedModelCall and DecidedSteps, sample streams holding
+// every record shape (DecidedSteps: steps approved with edited
+// arguments, rejected, and found executed by an operator);
+// LongReplyStream, a sound stream whose first step a store may keep as a
+// reference to its reply; CrashingStore, a store that dies at its
 // n-th append (crashstore.Store, pebble's errorfs pattern); SameSteps,
 // trajectory equality with timing aside; FollowPoll, a benchmark of a
 // follower's poll on any seams.RunTailer. What knows bbolt's file format —
