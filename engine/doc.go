@@ -151,7 +151,8 @@
 // and its action_status not_executed, a resolved step's observation the
 // operator's (observation_is_synthetic: the executor did not produce it);
 // who decided, when and the note live in the Decision event of the
-// stream. step_wall_ms includes the wait for the decision.
+// stream and in projections.RunLog's Decisions. step_wall_ms includes the
+// wait for the decision.
 //
 // # Choices worth knowing
 //

@@ -13,6 +13,25 @@
 //     gen_ai.tool.call.id = the action's result id, polyloop.action.status;
 //     error.type when the environment failed or the call was rejected).
 //
+// An action that waited for a person (schema 1.5) shows the wait on its
+// execute_tool span, which runs from its result id's minting to its
+// step's completion and so holds the wait: a "polyloop.awaiting" span
+// event at each awaiting intent (polyloop.awaits = approval or
+// resolution, gen_ai.tool.name, gen_ai.tool.call.id), and a
+// "polyloop.decision" event at each decision (polyloop.decision.verdict,
+// polyloop.decision.by, gen_ai.tool.call.id, and
+// polyloop.decision.waited_ms, from the awaiting intent to the decision,
+// when the sink knows both). A decision is written by engine.Decide or
+// engine.Resolve, not by a driver, so the sink learns of it when the
+// caller emits the envelope they return to it, or else, with
+// Options.Runs, reads it from the log when the step completes (an
+// awaiting intent with no decision seen) or when a process's sink first
+// sees a run another process drove (the decisions of the step in
+// progress then). The reviewer's note, edited arguments and an
+// operator's observation go into the event only with
+// Options.IncludeContent, and every text a person gave is cut to
+// MaxDecisionText bytes.
+//
 // Spans are built from the durable events, not from the calls as they
 // happen: a span starts when its side effect's result id was minted (the
 // id is a ULID, so it carries that time) and ends at its result's durable
@@ -39,6 +58,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +94,16 @@ const (
 	keyReplyContent    = attribute.Key("polyloop.reply.content")
 	keyCachedTokens    = attribute.Key("polyloop.usage.cached_input_tokens")
 	keyReasoningTokens = attribute.Key("polyloop.usage.reasoning_tokens")
+	keyAwaits          = attribute.Key("polyloop.awaits")
+	keyVerdict         = attribute.Key("polyloop.decision.verdict")
+	keyDecidedBy       = attribute.Key("polyloop.decision.by")
+	keyWaitedMs        = attribute.Key("polyloop.decision.waited_ms")
+	keyDecisionNote    = attribute.Key("polyloop.decision.note")
+	keyEditedArguments = attribute.Key("polyloop.decision.arguments")
+	keyFoundObserved   = attribute.Key("polyloop.decision.observation")
+
+	eventAwaiting = "polyloop.awaiting"
+	eventDecision = "polyloop.decision"
 
 	opInvokeAgent = "invoke_agent"
 	opChat        = "chat"
@@ -82,6 +112,12 @@ const (
 
 // ErrDropped: the queue was full and the event was not traced.
 var ErrDropped = errors.New("otelsink: queue full, event dropped")
+
+// MaxDecisionText bounds, in bytes, each text a person gave that a span
+// event carries (who decided; with IncludeContent the note, edited
+// arguments and observation): a longer one is cut at a UTF-8 boundary and
+// ends with "…".
+const MaxDecisionText = 256
 
 // Options configure New.
 type Options struct {
@@ -130,6 +166,65 @@ type item struct {
 type runState struct {
 	start time.Time // the run's first event seen here (or loaded)
 	model string    // the binding's model, for chat spans
+	// waits are, by result id, the awaiting intents and decisions seen of
+	// actions whose step has not completed, in the order written.
+	waits map[string][]mark
+}
+
+// mark is an awaiting intent or a decision on an action, with its key.
+type mark struct {
+	id       ulid.ULID
+	intent   *events.Intent
+	decision *events.Decision
+}
+
+// note keeps env when it is an awaiting action intent or a decision, once
+// (a decision may arrive both emitted and read from the log).
+func (st *runState) note(env events.Envelope) {
+	var m mark
+	switch ev := env.Event.(type) {
+	case events.Intent:
+		if ev.IntentKind != events.IntentAction || ev.Awaits == "" {
+			return
+		}
+		m = mark{id: env.ID, intent: &ev}
+	case events.Decision:
+		m = mark{id: env.ID, decision: &ev}
+	default:
+		return
+	}
+	rid := m.resultID()
+	for _, have := range st.waits[rid] {
+		if have.id == m.id {
+			return
+		}
+	}
+	if st.waits == nil {
+		st.waits = map[string][]mark{}
+	}
+	st.waits[rid] = append(st.waits[rid], m)
+	slices.SortFunc(st.waits[rid], func(a, b mark) int { return a.id.Compare(b.id) })
+}
+
+func (m mark) resultID() string {
+	if m.intent != nil {
+		return m.intent.ResultID
+	}
+	return m.decision.ResultID
+}
+
+// undecided reports whether marks hold an awaiting intent no decision
+// seen answers.
+func undecided(marks []mark) bool {
+	n := 0
+	for _, m := range marks {
+		if m.intent != nil {
+			n++
+		} else {
+			n--
+		}
+	}
+	return n > 0
 }
 
 // New returns a sink exporting spans with exporter (through a batching
@@ -247,6 +342,17 @@ func (s *Sink) handle(env events.Envelope) {
 				if rs, ok := stream[0].Event.(events.RunStarted); ok {
 					st.model = rs.ParameterSnapshot["binding.model"]
 				}
+				// What people were asked and answered in the step in
+				// progress, which another process wrote.
+				for _, e := range stream {
+					if e.ID.Compare(env.ID) >= 0 {
+						break
+					}
+					if sc, ok := e.Event.(events.StepCompleted); ok {
+						delete(st.waits, sc.ResultID)
+					}
+					st.note(e)
+				}
 			}
 		}
 		s.runs[runID] = st
@@ -254,10 +360,12 @@ func (s *Sink) handle(env events.Envelope) {
 	switch ev := env.Event.(type) {
 	case events.RunStarted:
 		st.model = ev.ParameterSnapshot["binding.model"]
+	case events.Intent, events.Decision:
+		st.note(env)
 	case events.ModelCallResult:
 		s.chatSpan(runID, st, env, ev)
 	case events.StepCompleted:
-		s.toolSpan(runID, env, ev)
+		s.toolSpan(runID, st, env, ev)
 	case events.RunFinished:
 		s.runSpan(runID, st, env, ev)
 		delete(s.runs, runID)
@@ -322,7 +430,7 @@ func (s *Sink) chatSpan(runID string, st *runState, env events.Envelope, ev even
 	span.End(trace.WithTimestamp(env.Time()))
 }
 
-func (s *Sink) toolSpan(runID string, env events.Envelope, ev events.StepCompleted) {
+func (s *Sink) toolSpan(runID string, st *runState, env events.Envelope, ev events.StepCompleted) {
 	rec := ev.Step
 	if rec.Action == nil || ev.ActionOutcome == nil {
 		return // no action: a final answer, a parse failure, a failed model call
@@ -342,6 +450,9 @@ func (s *Sink) toolSpan(runID string, env events.Envelope, ev events.StepComplet
 		attrs = append(attrs, keyToolCallID.String(ev.ResultID))
 	}
 	span := s.child(runID, key, name, start, attrs...)
+	if ev.ResultID != "" {
+		s.waitEvents(runID, st, ev.ResultID, span)
+	}
 	switch ev.ActionOutcome.Status {
 	case events.StatusNotExecuted:
 		span.SetAttributes(keyErrorType.String("tool_call_rejected"))
@@ -357,6 +468,67 @@ func (s *Sink) toolSpan(runID string, env events.Envelope, ev events.StepComplet
 		span.SetAttributes(keyToolResult.String(rec.Observation))
 	}
 	span.End(trace.WithTimestamp(env.Time()))
+}
+
+// waitEvents puts on span the wait of the action resultID for a person:
+// an event per awaiting intent and per decision, at the time each was
+// written. An awaiting intent whose decision the sink has not seen is
+// looked up in the run's log when Options.Runs is set.
+func (s *Sink) waitEvents(runID string, st *runState, resultID string, span trace.Span) {
+	marks := st.waits[resultID]
+	delete(st.waits, resultID)
+	if undecided(marks) && s.o.Runs != nil {
+		if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil {
+			found := &runState{waits: map[string][]mark{resultID: marks}}
+			for _, e := range stream {
+				if d, ok := e.Event.(events.Decision); ok && d.ResultID == resultID {
+					found.note(e)
+				}
+			}
+			marks = found.waits[resultID]
+		}
+	}
+	var awaited time.Time // the latest awaiting intent's time
+	for _, m := range marks {
+		at := ulid.Time(m.id.Time())
+		if in := m.intent; in != nil {
+			awaited = at
+			attrs := []attribute.KeyValue{keyAwaits.String(string(in.Awaits)), keyToolCallID.String(in.ResultID)}
+			if in.ToolName != "" {
+				attrs = append(attrs, keyToolName.String(in.ToolName))
+			}
+			if s.o.IncludeContent && in.Arguments != "" {
+				attrs = append(attrs, keyToolArguments.String(clip(in.Arguments)))
+			}
+			span.AddEvent(eventAwaiting, trace.WithTimestamp(at), trace.WithAttributes(attrs...))
+			continue
+		}
+		d := m.decision
+		attrs := []attribute.KeyValue{keyVerdict.String(string(d.Verdict)), keyDecidedBy.String(clip(d.By)), keyToolCallID.String(d.ResultID)}
+		if !awaited.IsZero() && !at.Before(awaited) {
+			attrs = append(attrs, keyWaitedMs.Int64(at.Sub(awaited).Milliseconds()))
+		}
+		if s.o.IncludeContent {
+			if d.Note != "" {
+				attrs = append(attrs, keyDecisionNote.String(clip(d.Note)))
+			}
+			if d.Arguments != nil {
+				attrs = append(attrs, keyEditedArguments.String(clip(*d.Arguments)))
+			}
+			if d.Observation != nil {
+				attrs = append(attrs, keyFoundObserved.String(clip(*d.Observation)))
+			}
+		}
+		span.AddEvent(eventDecision, trace.WithTimestamp(at), trace.WithAttributes(attrs...))
+	}
+}
+
+// clip cuts a text a person gave to MaxDecisionText bytes.
+func clip(s string) string {
+	if len(s) <= MaxDecisionText {
+		return s
+	}
+	return events.Clip(s, MaxDecisionText-len("…")) + "…"
 }
 
 func (s *Sink) runSpan(runID string, st *runState, env events.Envelope, ev events.RunFinished) {

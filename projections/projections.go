@@ -1,6 +1,7 @@
 // Package projections folds a run's event stream into the views people and
-// code read: the RunLog (every record by type), the trajectory
-// ([]events.StepRecord), the RunResult, the usage, and the index entry a store keeps (Summarize).
+// code read: the RunLog (every record by type, people's decisions among
+// them), the trajectory ([]events.StepRecord), the RunResult, the usage,
+// and the index entry a store keeps (Summarize).
 //
 // Every view is a fold: Apply takes one envelope at a time, and folding a
 // whole stream gives the same view as applying its events one by one, so a
@@ -9,9 +10,25 @@
 // engine runs on; a RunLog adds the records by type. Folds trust their
 // input: they do not judge whether a stream is sound; that is package
 // recovery's Classifier.
+//
+// # Decisions in an export
+//
+// A person's decision on an action (schema 1.5: an approval, a rejection,
+// an operator's finding on an outcome in doubt) is a Decision event of its
+// own; the trajectory's StepRecord keeps its eighteen fields and shows
+// only what the decision did to the step: tool_arguments are the
+// arguments that ran — the edited ones, for an approval that edited them;
+// a rejected step is not_executed, its observation (in the observation
+// template) "rejected by reviewer: <note>"; a step an operator resolved
+// is completed as found — executed with their observation, or
+// not_executed — its observation marked synthetic. Who decided, when, and
+// on which call live in the Decision event (its envelope's time is when)
+// and in a RunLog's Decisions, which add the step's index.
 package projections
 
 import (
+	"time"
+
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -24,10 +41,30 @@ type RunLog struct {
 	ModelResults []events.ModelCallResult
 	Steps        []events.StepCompleted
 	Finished     *events.RunFinished
+	// Decisions are the people's decisions on the run's actions, in
+	// stream order.
+	Decisions []Decision
 	// Events counts every envelope applied, including any the fold ignored.
 	Events int
 
 	run recovery.Fold // steps, usage and result
+}
+
+// Decision is a person's decision as a RunLog shows it: the Decision
+// record's fields, the index of the step it was made in, and when it was
+// made (its envelope's time).
+type Decision struct {
+	Step int `json:"step"`
+	// Call is the result id of the action decided on.
+	Call    string         `json:"call"`
+	Verdict events.Verdict `json:"verdict"`
+	By      string         `json:"by"`
+	Note    string         `json:"note,omitempty"`
+	// Arguments are an approval's edited arguments (JSON text), nil when
+	// it edited none; Observation is a finding of executed's observation.
+	Arguments   *string   `json:"arguments,omitempty"`
+	Observation *string   `json:"observation,omitempty"`
+	At          time.Time `json:"at"`
 }
 
 // Apply folds one envelope into the log.
@@ -49,6 +86,9 @@ func (l *RunLog) Apply(env events.Envelope) {
 		if l.Finished == nil {
 			l.Finished = &ev
 		}
+	case events.Decision:
+		l.Decisions = append(l.Decisions, Decision{Step: len(l.run.Steps), Call: ev.ResultID, Verdict: ev.Verdict, By: ev.By,
+			Note: ev.Note, Arguments: ev.Arguments, Observation: ev.Observation, At: env.Time()})
 	}
 }
 

@@ -1,6 +1,7 @@
 package projections_test
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -88,4 +90,93 @@ func TestFoldingOneAtATimeEqualsFoldingTheStream(t *testing.T) {
 			t.Fatalf("the index entry differs after %d events", n)
 		}
 	})
+}
+
+// decidedStream is a finished sound stream whose steps 4 to 6 people
+// decided (proptest.DecidedSteps).
+func decidedStream(t *testing.T) []events.Envelope {
+	t.Helper()
+	all := append(proptest.SoundStream("r")[:14], proptest.DecidedSteps("r", 4)...)
+	stream := envelopes(append(all, proptest.FailedModelCall("r", 7)...))
+	if err := recovery.Check("r", stream); err != nil {
+		t.Fatalf("the sample stream is not sound: %v", err)
+	}
+	return stream
+}
+
+// TestRunLogListsTheDecisions: a RunLog's Decisions are the Decision
+// events with the step each was made in and its envelope's time; the
+// trajectory shows what they did to each step — the edited arguments
+// that ran, the reviewer's note — in the StepRecord's eighteen fields.
+func TestRunLogListsTheDecisions(t *testing.T) {
+	stream := decidedStream(t)
+	at := map[string]time.Time{}
+	for _, env := range stream {
+		if d, ok := env.Event.(events.Decision); ok {
+			at[d.ResultID] = env.Time()
+		}
+	}
+	l := projections.Fold(stream)
+	edited, seen := `{"amount":30}`, "refund r-5 is in the ledger"
+	want := []projections.Decision{
+		{Step: 4, Call: "d0a", Verdict: events.VerdictApproved, By: "ana", Note: "only 30 was paid", Arguments: &edited, At: at["d0a"]},
+		{Step: 5, Call: "d1a", Verdict: events.VerdictRejected, By: "bo", Note: "never paid", At: at["d1a"]},
+		{Step: 6, Call: "d2a", Verdict: events.VerdictExecuted, By: "ops", Observation: &seen, At: at["d2a"]},
+	}
+	if !reflect.DeepEqual(l.Decisions, want) {
+		t.Fatalf("decisions\n got %+v\nwant %+v", l.Decisions, want)
+	}
+	if len(at) != 3 || at["d0a"].IsZero() {
+		t.Fatalf("decision times %v", at)
+	}
+	steps := l.Trajectory()
+	if len(steps) != 8 {
+		t.Fatalf("%d steps, want 8", len(steps))
+	}
+	if a := steps[4].ToolArguments; a == nil || *a != edited {
+		t.Errorf("step 4's tool_arguments %v, want the edited %s", a, edited)
+	}
+	if s := steps[5]; *s.ActionStatus != events.StatusNotExecuted || s.Observation != "rejected by reviewer: never paid" {
+		t.Errorf("step 5: %s %q", *s.ActionStatus, s.Observation)
+	}
+	if s := steps[6]; *s.ActionStatus != events.StatusExecuted || !s.ObservationIsSynthetic || s.Observation != seen {
+		t.Errorf("step 6: %s synthetic=%t %q", *s.ActionStatus, s.ObservationIsSynthetic, s.Observation)
+	}
+	// The export's row keeps its eighteen fields.
+	b, err := json.Marshal(steps[4])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row map[string]any
+	if err := json.Unmarshal(b, &row); err != nil || len(row) != 18 {
+		t.Errorf("a step record exports %d fields (%v), want 18", len(row), err)
+	}
+	// Decisions export with names a reader can rely on.
+	b, err = json.Marshal(l.Decisions[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dec map[string]any
+	json.Unmarshal(b, &dec)
+	for _, k := range []string{"step", "call", "verdict", "by", "note", "arguments", "at"} {
+		if _, ok := dec[k]; !ok {
+			t.Errorf("an exported decision has no %q: %s", k, b)
+		}
+	}
+}
+
+// TestDecisionsFoldOneAtATime: every prefix of a stream with decisions,
+// fed event by event, gives the RunLog folding that prefix at once gives.
+func TestDecisionsFoldOneAtATime(t *testing.T) {
+	stream := decidedStream(t)
+	var live projections.RunLog
+	for n, env := range stream {
+		live.Apply(env)
+		if whole := projections.Fold(stream[:n+1]); !reflect.DeepEqual(&live, whole) {
+			t.Fatalf("RunLog differs after %d events: %d decisions live, %d folded", n+1, len(live.Decisions), len(whole.Decisions))
+		}
+	}
+	if len(live.Decisions) != 3 {
+		t.Fatalf("%d decisions", len(live.Decisions))
+	}
 }

@@ -9,9 +9,11 @@
 // (seams.RunQueue, seams.RunCanceller, seams.RunDescriber) that every
 // QueueStore keeps alike; CorruptionContract, how a store reports each kind of
 // damage it can suffer; AppendEach, a stream written event by event;
-// SoundStream and FailedModelCall, sample streams holding every record
-// shape; LongReplyStream, a sound stream whose first step a store may keep
-// as a reference to its reply; CrashingStore, a store that dies at its
+// SoundStream, FailedModelCall and DecidedSteps, sample streams holding
+// every record shape (DecidedSteps: steps approved with edited
+// arguments, rejected, and found executed by an operator);
+// LongReplyStream, a sound stream whose first step a store may keep as a
+// reference to its reply; CrashingStore, a store that dies at its
 // n-th append (crashstore.Store, pebble's errorfs pattern); SameSteps,
 // trajectory equality with timing aside; FollowPoll, a benchmark of a
 // follower's poll on any seams.RunTailer. What knows bbolt's file format —
@@ -22,6 +24,10 @@
 // generated runs crashed at every write — on MemStore, kv and PostgreSQL
 // (when a server is at hand, pgstore/pgtest), the resume
 // crashed again and cancelled — and resumed (TestPropertyCrashAtEveryWrite);
+// generated runs whose actions wait for people's decisions (approve, edit,
+// reject) and for operators' findings on actions in doubt, crashed at
+// every write, decisions' included, and held to the tools' own ledger
+// (TestPropertyDecisionsSurviveCrashes);
 // 2–4 drivers racing on one run (TestPropertyOneDriverPerRun); damaged logs
 // refused or resumed soundly, damage no sound log can hold always refused
 // (TestPropertyDamagedLogsAreRefusedOrResumedSoundly,
@@ -29,7 +35,8 @@
 // SIGKILL mid-run and resumed (TestRealCrashSIGKILL; on PostgreSQL two
 // processes then race to resume, TestRealCrashSIGKILLPostgres); and the damage corpus
 // opened in child processes (TestDamageCorpus; make damage runs all of it).
-// CI runs 1,000 generated runs per property; make prop runs 100,000.
+// CI runs 1,000 generated runs per property (TestPropertyDecisionsSurviveCrashes
+// a quarter of them under the race detector); make prop runs 100,000.
 //
 // Nothing here runs in production code paths: no command or example links
 // it (the root's deps_test.go checks).

@@ -61,3 +61,66 @@ func FailedModelCall(runID string, step int) []events.Event {
 		events.RunFinished{RunID: runID, Result: events.RunResult{RunID: runID, StopReason: events.StopLLMError, SchemaVersion: v}},
 	}
 }
+
+// DecidedSteps returns the records of three steps, from index step on,
+// that people decided (schema 1.5), without the run's end: an action
+// approved with edited arguments (its awaiting intent, the decision, the
+// intent that executed it, the step executed with the edited arguments);
+// one rejected (the step not executed, the reviewer's note its
+// observation); and one a crash left in doubt whose outcome an operator
+// found executed (the intent, the one awaiting the finding, the finding,
+// the step as found). Appended to a sound stream whose steps before step
+// are all completed, it leaves it sound.
+func DecidedSteps(runID string, step int) []events.Event {
+	v := events.CurrentSchemaVersion
+	schema := `{"properties":{"amount":{"maximum":500,"type":"number"}},"required":["amount"],"type":"object"}`
+	model := func(i int, id, content string) []events.Event {
+		return []events.Event{
+			events.Intent{RunID: runID, IntentKind: events.IntentModelCall, CallIndex: step + i, ResultID: id + "m", ReplayPolicy: events.ReplaySafe},
+			events.ModelCallResult{RunID: runID, ResultID: id + "m", Reply: &events.ModelReply{Content: content}},
+		}
+	}
+	action := func(i int, id string, awaits events.Awaits, args string) events.Intent {
+		in := events.Intent{RunID: runID, IntentKind: events.IntentAction, CallIndex: step + i, ResultID: id, ReplayPolicy: events.ReplayNever,
+			ToolName: "refund", Awaits: awaits}
+		if awaits != "" {
+			in.Arguments, in.ArgumentsSchema = args, schema
+		}
+		return in
+	}
+	record := func(i int, content, args string, status events.ActionStatus, obs string, synthetic bool) events.StepRecord {
+		return events.StepRecord{StepIdx: step + i, RawOutput: content, ContentChars: len(content), Action: ptr(content), ParseOK: true,
+			Observation: obs, ObservationIsSynthetic: synthetic, PromptChars: 300 + 10*i, ToolName: ptr("refund"),
+			ToolArguments: ptr(args), ActionStatus: ptr(status), SchemaVersion: v}
+	}
+	var out []events.Event
+	// Approved with edited arguments: 40 became 30.
+	approved := `TOOL refund {"amount":40}`
+	out = append(out, model(0, "d0", approved)...)
+	out = append(out,
+		action(0, "d0a", events.AwaitsApproval, `{"amount":40}`),
+		events.Decision{RunID: runID, ResultID: "d0a", Verdict: events.VerdictApproved, By: "ana", Note: "only 30 was paid", Arguments: ptr(`{"amount":30}`)},
+		action(0, "d0a", "", ""),
+		events.StepCompleted{RunID: runID, ResultID: "d0a", ActionOutcome: &events.ActionOutcome{Status: events.StatusExecuted, Observation: "refunded 30"},
+			Step: record(0, approved, `{"amount":30}`, events.StatusExecuted, "refunded 30", false)})
+	// Rejected.
+	rejected := `TOOL refund {"amount":400}`
+	out = append(out, model(1, "d1", rejected)...)
+	out = append(out,
+		action(1, "d1a", events.AwaitsApproval, `{"amount":400}`),
+		events.Decision{RunID: runID, ResultID: "d1a", Verdict: events.VerdictRejected, By: "bo", Note: "never paid"},
+		events.StepCompleted{RunID: runID, ResultID: "d1a",
+			ActionOutcome: &events.ActionOutcome{Status: events.StatusNotExecuted, Observation: "rejected by reviewer: never paid", ObservationIsSynthetic: true},
+			Step:          record(1, rejected, `{"amount":400}`, events.StatusNotExecuted, "rejected by reviewer: never paid", true)})
+	// In doubt, found executed.
+	doubted := `TOOL refund {"amount":5}`
+	out = append(out, model(2, "d2", doubted)...)
+	out = append(out,
+		action(2, "d2a", "", ""),
+		action(2, "d2a", events.AwaitsResolution, `{"amount":5}`),
+		events.Decision{RunID: runID, ResultID: "d2a", Verdict: events.VerdictExecuted, By: "ops", Observation: ptr("refund r-5 is in the ledger")},
+		events.StepCompleted{RunID: runID, ResultID: "d2a",
+			ActionOutcome: &events.ActionOutcome{Status: events.StatusExecuted, Observation: "refund r-5 is in the ledger", ObservationIsSynthetic: true},
+			Step:          record(2, doubted, `{"amount":5}`, events.StatusExecuted, "refund r-5 is in the ledger", true)})
+	return out
+}
