@@ -74,7 +74,11 @@
 // page's forms; decide_token in /api/verify), and a browser's request from
 // another origin is refused (net/http.CrossOriginProtection, which reads
 // Sec-Fetch-Site and Origin): 403 either way, writing nothing. No other
-// site may frame the pages. Who decided is Options.By of the request, or
+// site may frame the pages. A page of another site whose DNS name was
+// rebound to the viewer's address would pass both as the viewer's own
+// origin, so a writer answers only to the host names it is reached by
+// (Options.Hosts; localhost and loopback addresses by default) and
+// refuses every other (421), reads included. Who decided is Options.By of the request, or
 // else the fixed Options.Reviewer.
 //
 // The viewer does not import the engine: the mounter hands it the
@@ -144,6 +148,14 @@ type Options struct {
 	// nil: one person, or the one desk, that this viewer serves. With
 	// neither, every decision is refused (500, saying so).
 	Reviewer string
+	// Hosts are the names (host or host:port, as a request's Host header
+	// says them) a viewer that writes decisions answers to; any other is
+	// refused (421) on every route. A page of another site whose DNS name
+	// was rebound to this server's address is, to the browser, of the
+	// same origin as the viewer — only the name it asked for tells it
+	// apart. Empty: localhost and loopback addresses only. Ignored by a
+	// viewer that only reads.
+	Hosts []string
 }
 
 type handler struct {
@@ -186,6 +198,12 @@ func New(store seams.RunReader, o Options) http.Handler {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.o.Decide != nil && !h.hostAllowed(r.Host) {
+		// A rebound DNS name: its pages would read the token and decide.
+		http.Error(w, fmt.Sprintf("this viewer writes decisions and does not answer to host %q (viewer.Options.Hosts)", report.Clip(r.Host, 80)),
+			http.StatusMisdirectedRequest)
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && (r.Method != http.MethodPost || h.o.Decide == nil) {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "the viewer is read-only", http.StatusMethodNotAllowed)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -45,6 +46,30 @@ func decidable(run report.Run) (string, events.Awaits) {
 // tokenOK reports whether token is the handler's.
 func (h *handler) tokenOK(token string) bool {
 	return subtle.ConstantTimeCompare([]byte(token), []byte(h.token)) == 1
+}
+
+// hostAllowed reports whether a writer viewer answers to host (a
+// request's Host header): one of Options.Hosts, or, when there are none,
+// localhost or a loopback address, with any port.
+func (h *handler) hostAllowed(host string) bool {
+	if len(h.o.Hosts) > 0 {
+		for _, allowed := range h.o.Hosts {
+			if strings.EqualFold(host, allowed) {
+				return true
+			}
+		}
+		return false
+	}
+	name := host
+	if n, _, err := net.SplitHostPort(host); err == nil {
+		name = n
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if strings.EqualFold(name, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
 }
 
 // badToken is the refusal of a request without the handler's token.

@@ -472,3 +472,77 @@ func TestWhoDecidesComesFromTheRequest(t *testing.T) {
 		t.Fatalf("recorded %#v", stream[len(stream)-1].Event)
 	}
 }
+
+// TestAWriterAnswersOnlyToItsHostNames: a page of another site whose DNS
+// name was rebound to the viewer's address is, to the browser, of the
+// viewer's origin (Sec-Fetch-Site same-origin, Origin its own name); only
+// the Host it asked for tells it apart. A writer viewer refuses such a
+// request on every route — it can neither read the token nor decide — and
+// answers to localhost, loopback addresses, or the names it is given.
+func TestAWriterAnswersOnlyToItsHostNames(t *testing.T) {
+	store, srv, calls := writerFixture(t)
+	send := func(t *testing.T, host, method, path, body string) int {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		if method == http.MethodPost {
+			req.Header.Set("Origin", "http://"+host)
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// The token a page of the viewer's own origin reads.
+	code, _, body := get(t, srv.URL+"/api/verify?run=wait")
+	var v struct {
+		Token string `json:"decide_token"`
+	}
+	if err := json.Unmarshal([]byte(body), &v); code != http.StatusOK || err != nil || v.Token == "" {
+		t.Fatalf("/api/verify from loopback: %d %v, no token", code, err)
+	}
+	approve := `{"token":"` + v.Token + `","run_id":"wait","call":"` + calls["wait"].Call + `","verdict":"approved","arguments":{"amount":499}}`
+	before := store.Transactions()
+	for _, path := range []string{"/", "/run?run=wait", "/api/verify?run=wait"} {
+		if code := send(t, "evil.example:8080", http.MethodGet, path, ""); code != http.StatusMisdirectedRequest {
+			t.Errorf("GET %s for a rebound name: %d, want 421", path, code)
+		}
+	}
+	if code := send(t, "evil.example:8080", http.MethodPost, "/api/decide", approve); code != http.StatusMisdirectedRequest {
+		t.Errorf("POST /api/decide for a rebound name: %d, want 421", code)
+	}
+	if store.Transactions() != before {
+		t.Fatal("a rebound name's request wrote to the store")
+	}
+	for _, host := range []string{"localhost:8080", "127.0.0.1", "[::1]:9"} {
+		if code := send(t, host, http.MethodGet, "/api/verify?run=wait", ""); code != http.StatusOK {
+			t.Errorf("GET for host %s: %d, want 200", host, code)
+		}
+	}
+
+	named := writerOptions(store)
+	named.Hosts = []string{"review.internal:8080"}
+	srv2 := httptest.NewServer(viewer.New(store, named))
+	defer srv2.Close()
+	srv = srv2
+	if code := send(t, "review.internal:8080", http.MethodGet, "/api/verify?run=wait", ""); code != http.StatusOK {
+		t.Errorf("GET for a name in Options.Hosts: %d, want 200", code)
+	}
+	if code := send(t, "localhost:8080", http.MethodGet, "/api/verify?run=wait", ""); code != http.StatusMisdirectedRequest {
+		t.Errorf("GET for localhost when Options.Hosts names others: %d, want 421", code)
+	}
+	// A viewer that only reads answers to any name, as it always did.
+	srv3 := httptest.NewServer(viewer.New(store, viewer.Options{}))
+	defer srv3.Close()
+	srv = srv3
+	if code := send(t, "evil.example:8080", http.MethodGet, "/api/verify?run=wait", ""); code != http.StatusOK {
+		t.Errorf("a read-only viewer for any name: %d, want 200", code)
+	}
+}

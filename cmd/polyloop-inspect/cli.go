@@ -70,6 +70,7 @@ type call struct {
 	addr           string    // serve --addr
 	allowDecisions bool      // serve --allow-decisions: the store opens for writing
 	by             string    // serve --by
+	hosts          string    // serve --hosts
 }
 
 // fail reports a problem on standard error and returns exitProblem.

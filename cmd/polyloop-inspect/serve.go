@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/polyloop/polyloop/engine"
@@ -21,6 +22,7 @@ func serveFlags(fs *flag.FlagSet, c *call) {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "address to listen on (loopback unless you say otherwise)")
 	fs.BoolVar(&c.allowDecisions, "allow-decisions", false, "offer approve, reject and resolve on the pages, and record them (opens the store for writing)")
 	fs.StringVar(&c.by, "by", "", "with --allow-decisions: who the decisions are recorded as")
+	fs.StringVar(&c.hosts, "hosts", "", "with --allow-decisions: the host names (host or host:port, comma-separated) the pages are reached by (default: localhost and loopback addresses; any other is refused, as a rebound DNS name would be)")
 }
 
 // interruptCtx ends serve and events --follow: Ctrl-C (tests replace it).
@@ -38,6 +40,9 @@ func serveCommand(c *call) int {
 	case !c.allowDecisions && c.by != "":
 		fmt.Fprintf(c.stderr, "polyloop-inspect serve: --by names who decides: it needs --allow-decisions\n(polyloop-inspect serve --help)\n")
 		return exitUsage
+	case !c.allowDecisions && c.hosts != "":
+		fmt.Fprintf(c.stderr, "polyloop-inspect serve: --hosts names where the decision pages are reached: it needs --allow-decisions\n(polyloop-inspect serve --help)\n")
+		return exitUsage
 	}
 	s, ok := c.openStore(c.args[0]) // for writing with --allow-decisions
 	if !ok {
@@ -53,6 +58,11 @@ func serveCommand(c *call) int {
 	o, mode := viewer.Options{}, "read-only"
 	if c.allowDecisions {
 		o, mode = decisions(s, c.by), "decisions recorded as "+escape(c.by)
+		for h := range strings.SplitSeq(c.hosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				o.Hosts = append(o.Hosts, h)
+			}
+		}
 	}
 	srv := &http.Server{Handler: viewer.New(s, o), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
