@@ -2,8 +2,11 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,7 +126,8 @@ func record(ctx context.Context, store seams.RunStore, d events.Decision) (event
 		case len(stream) == 0:
 			return events.Envelope{}, fmt.Errorf("%w: %w", ErrRunNotFound, seams.ErrNoRun)
 		}
-		if err := decidable(stream, d); err != nil {
+		d, err := decidable(stream, d)
+		if err != nil {
 			return events.Envelope{}, err
 		}
 		envs, err := store.Append(ctx, runID, stream[len(stream)-1].ID, d)
@@ -168,42 +172,101 @@ func lockWaiting(ctx context.Context, store seams.RunStore, runID string) (func(
 
 // decidable checks decision d against the log it would follow: the call
 // must be the step's pending action, awaiting the kind of decision d is,
-// and not decided yet; edited arguments must satisfy the recorded schema.
-func decidable(stream []events.Envelope, d events.Decision) error {
+// and not decided yet; edited arguments must satisfy the recorded schema,
+// and are returned in d as the action will run with them (exactArguments).
+func decidable(stream []events.Envelope, d events.Decision) (events.Decision, error) {
 	f := recovery.Fold{}
 	for _, env := range stream {
 		f.Apply(env.Event)
 	}
 	cur := f.Current
 	if cur.Action == nil || cur.Action.ResultID != d.ResultID {
-		return notPending(stream, d.ResultID)
+		return d, notPending(stream, d.ResultID)
 	}
 	state := f.State()
 	if !d.Verdict.Resolves() {
 		switch state {
 		case recovery.AwaitingApproval:
 		case recovery.Approved, recovery.Rejected:
-			return fmt.Errorf("%w: %s by %q", ErrAlreadyDecided, cur.Decision.Verdict, cur.Decision.By)
+			return d, fmt.Errorf("%w: %s by %q", ErrAlreadyDecided, cur.Decision.Verdict, cur.Decision.By)
 		default:
-			return fmt.Errorf("%w: it awaits no approval (state %s)", ErrNotPending, state)
+			return d, fmt.Errorf("%w: it awaits no approval (state %s)", ErrNotPending, state)
 		}
 		if d.Arguments != nil {
 			if cur.Action.ToolName == "" || cur.Action.ArgumentsSchema == "" {
-				return fmt.Errorf("%w: the action calls no tool whose arguments could be edited", ErrInvalidDecision)
+				return d, fmt.Errorf("%w: the action calls no tool whose arguments could be edited", ErrInvalidDecision)
 			}
 			if err := seams.ValidateArguments(cur.Action.ToolName, cur.Action.ArgumentsSchema, *d.Arguments); err != nil {
-				return fmt.Errorf("%w: edited arguments: %w", ErrInvalidDecision, err)
+				return d, fmt.Errorf("%w: edited arguments: %w", ErrInvalidDecision, err)
 			}
+			exact, err := exactArguments(*d.Arguments)
+			if err != nil {
+				return d, fmt.Errorf("%w: edited arguments: %w", ErrInvalidDecision, err)
+			}
+			d.Arguments = &exact
 		}
-		return nil
+		return d, nil
 	}
 	switch state {
 	case recovery.ActionUnknown, recovery.AwaitingResolution:
-		return nil
+		return d, nil
 	case recovery.Resolved:
-		return fmt.Errorf("%w: found %s by %q", ErrAlreadyDecided, cur.Resolution.Verdict, cur.Resolution.By)
+		return d, fmt.Errorf("%w: found %s by %q", ErrAlreadyDecided, cur.Resolution.Verdict, cur.Resolution.By)
 	}
-	return fmt.Errorf("%w: its outcome is not in doubt (state %s: the action has not run)", ErrNotPending, state)
+	return d, fmt.Errorf("%w: its outcome is not in doubt (state %s: the action has not run)", ErrNotPending, state)
+}
+
+// exactArguments is edited arguments (a JSON object) as the action runs
+// with them: decoded as every tool call's arguments are, JSON numbers as
+// float64, and encoded again, so that the text recorded is the text that
+// runs. A number a float64 cannot hold exactly (an account id of 17
+// digits) is refused rather than run changed.
+func exactArguments(text string) (string, error) {
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.UseNumber()
+	var exact any
+	if err := dec.Decode(&exact); err != nil {
+		return "", err
+	}
+	if n, bad := inexactNumber(exact); bad {
+		return "", fmt.Errorf("the number %s cannot be held exactly by a tool call's arguments (a float64): send it as a string", n)
+	}
+	var args map[string]any
+	if err := json.Unmarshal([]byte(text), &args); err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(args)
+	return string(b), err
+}
+
+// inexactNumber finds, in a value decoded with json.Number, a number that
+// changes when held as a float64.
+func inexactNumber(v any) (string, bool) {
+	switch v := v.(type) {
+	case json.Number:
+		// The decimal the reviewer wrote against the shortest decimal
+		// that float64 reads back as itself: 0.1 is kept, a 17-digit
+		// id is not.
+		f, err := strconv.ParseFloat(string(v), 64)
+		wrote, ok := new(big.Rat).SetString(string(v))
+		held, _ := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
+		if err != nil || !ok || held == nil || wrote.Cmp(held) != 0 {
+			return string(v), true
+		}
+	case map[string]any:
+		for _, e := range v {
+			if n, bad := inexactNumber(e); bad {
+				return n, true
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if n, bad := inexactNumber(e); bad {
+				return n, true
+			}
+		}
+	}
+	return "", false
 }
 
 // notPending says why a call that is not the step's pending action cannot

@@ -176,6 +176,9 @@ func TestDecideAndResolveRefuseWritingNothing(t *testing.T) {
 			By: "ana", Arguments: ptr(`{"amount":9000}`)}, engine.ErrInvalidDecision, "maximum"},
 		{"edited arguments missing a required one", false, events.Decision{RunID: "await", ResultID: pending.Call, Verdict: events.VerdictApproved,
 			By: "ana", Arguments: ptr(`{"sum":4}`)}, engine.ErrInvalidDecision, "amount"},
+		{"edited arguments with a number a call cannot hold exactly", false, events.Decision{RunID: "await", ResultID: pending.Call,
+			Verdict: events.VerdictApproved, By: "ana", Arguments: ptr(`{"amount":40,"to_account":12345678901234567}`)},
+			engine.ErrInvalidDecision, "12345678901234567"},
 		{"edited arguments that are not an object", false, events.Decision{RunID: "await", ResultID: pending.Call, Verdict: events.VerdictApproved,
 			By: "ana", Arguments: ptr(`[40]`)}, engine.ErrInvalidDecision, "not a JSON object"},
 		{"an approval by nobody", false, events.Decision{RunID: "await", ResultID: pending.Call, Verdict: events.VerdictApproved},
@@ -232,4 +235,37 @@ func TestDecideAndResolveRefuseWritingNothing(t *testing.T) {
 		t.Fatalf("after the approval: %v %v, executed %d times", r.StopReason, err, awaitRun.exec.Executions(pending.Call))
 	}
 	soundLog(t, store, "await")
+}
+
+// TestEditedArgumentsAreRecordedAsTheyRun: an approval's edited arguments
+// are recorded in the form the action runs with — decoded as every tool
+// call's arguments are, encoded again — so the decision, the executed
+// call and the step's tool_arguments say the same.
+func TestEditedArgumentsAreRecordedAsTheyRun(t *testing.T) {
+	ctx := context.Background()
+	store := openKV(t)
+	a := approvalAgent(t, store, "edit", `TOOL refund {"amount":400}`, "FINAL: refunded")
+	call := awaiting(t, a).Call
+	env, err := engine.Decide(ctx, store, events.Decision{RunID: "edit", ResultID: call, Verdict: events.VerdictApproved, By: "ana",
+		Arguments: ptr(`{ "amount" : 4.50e1, "fee": 0.1, "memo": "café" }`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const runs = `{"amount":45,"fee":0.1,"memo":"café"}`
+	if got := *env.Event.(events.Decision).Arguments; got != runs {
+		t.Errorf("recorded arguments %s, want %s", got, runs)
+	}
+	if _, err := engine.Resume(ctx, a.def, a.req); err != nil {
+		t.Fatal(err)
+	}
+	calls := a.exec.Calls()
+	if len(calls) != 1 || !reflect.DeepEqual(calls[0].Action.ToolCall.Arguments, map[string]any{"amount": 45.0, "fee": 0.1, "memo": "café"}) {
+		t.Fatalf("executed %+v, want refund once with the edited arguments", calls)
+	}
+	stream, _ := store.Load(ctx, "edit")
+	for _, env := range stream {
+		if sc, ok := env.Event.(events.StepCompleted); ok && sc.ResultID == call && *sc.Step.ToolArguments != runs {
+			t.Errorf("step record tool_arguments %s, want %s", *sc.Step.ToolArguments, runs)
+		}
+	}
 }

@@ -649,7 +649,7 @@ func (m *machine) action() (seams.Action, string) {
 		tc.Arguments = map[string]any{}
 	}
 	a.ToolCall = &tc
-	return a, *d.Arguments
+	return a, toolArguments(&tc)
 }
 
 // executeApproved carries out an approval: the action, with the arguments
