@@ -63,9 +63,12 @@ const decideWait = 3 * time.Second
 // d.Verdict approved (optionally with edited d.Arguments, a JSON object
 // checked against the tool's parameter schema recorded with the call) or
 // rejected, by d.By (an opaque name, required), with an optional d.Note.
-// d.RunID names the run and d.ResultID the call (PendingCall.Call). The decision is one
-// durable event under the tail rule: of two people deciding at once,
-// exactly one is recorded and the other gets ErrAlreadyDecided. It needs
+// d.RunID names the run and d.ResultID the call (PendingCall.Call). The
+// decision is one durable event under the tail rule: of two people
+// deciding at once, exactly one is recorded, and the other gets
+// ErrAlreadyDecided — on a store that reserves runs (seams.RunLocker:
+// kv, pgstore, MemStore) it waits for the first to finish and reads its
+// decision; on one that does not, it may get ErrRunBusy (ask again). It needs
 // no driver: Resume (or a worker) then executes an approved action once,
 // with its pre-allocated result id, or completes a rejected one not
 // executed, the model told "rejected by reviewer: <note>". A store that
@@ -94,7 +97,14 @@ func Decide(ctx context.Context, store seams.RunStore, d events.Decision) (event
 // never executing the action. It refuses as Decide refuses; a call that is
 // not in doubt (awaiting approval, completed) is ErrNotPending, and a run
 // a live driver holds — its action is in progress, not in doubt — is
-// ErrRunBusy.
+// ErrRunBusy. That last refusal is the store's reservation
+// (seams.RunLocker): a store without one cannot tell a dead driver from
+// a live one, and on a store whose reservations are leases (pgstore) a
+// driver cut off from it past its lease looks dead — its action may
+// still complete after the finding, though the log stays sound (its
+// late append is refused by the tail rule) and says the operator's
+// word. Resolve a run whose lease ran out only once its worker is known
+// to be gone.
 func Resolve(ctx context.Context, store seams.RunStore, d events.Decision) (events.Envelope, error) {
 	if d.Verdict != "" && !d.Verdict.Resolves() {
 		return events.Envelope{}, fmt.Errorf("%w: %s answers an approval: use Decide", ErrInvalidDecision, d.Verdict)

@@ -269,3 +269,34 @@ func TestEditedArgumentsAreRecordedAsTheyRun(t *testing.T) {
 		}
 	}
 }
+
+// TestACancelRequestedWhileADecideHeldTheRunIsNotLost: an operator's
+// cancel that came while the run was held (here by hand, as a Decide
+// holds it) is left to the holder, which a Decide does not carry out; the
+// request stays, and the next driver — after the decision — ends the run
+// cancelled, the approved action never executed.
+func TestACancelRequestedWhileADecideHeldTheRunIsNotLost(t *testing.T) {
+	ctx := context.Background()
+	store := openKV(t)
+	a := approvalAgent(t, store, "held", `TOOL refund {"amount":40}`, "FINAL: refunded")
+	call := awaiting(t, a).Call
+	release, err := store.LockRun("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if holder, err := store.RequestCancel(ctx, "held", "ops"); err != nil || holder == "" {
+		t.Fatalf("cancel request while held: holder %q, %v; want it left to the holder", holder, err)
+	}
+	release()
+	if _, err := engine.Decide(ctx, store, events.Decision{RunID: "held", ResultID: call, Verdict: events.VerdictApproved, By: "ana"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := engine.Resume(ctx, a.def, a.req)
+	if err != nil || r.StopReason != events.StopCancelled || a.exec.Executions(call) != 0 {
+		t.Fatalf("after the decision: %v %v, %d executions; want cancelled, the refund never made", r.StopReason, err, a.exec.Executions(call))
+	}
+	stream, _ := store.Load(ctx, "held")
+	if n := len(stream); stream[n-2].Kind != events.KindDecision || stream[n-1].Kind != events.KindRunFinished {
+		t.Fatalf("the log ends %s, %s; want the decision, then run_finished", stream[n-2].Kind, stream[n-1].Kind)
+	}
+}

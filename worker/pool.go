@@ -45,6 +45,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -329,6 +330,7 @@ func (p *Pool) drive(ctx context.Context, c seams.Claim, stop <-chan struct{}) {
 		// Waiting for a person is not a failure; nothing to claim until
 		// the decision hands the run back.
 		err = p.release(ctx, c.RunID, "", p.opts.DecisionRecheck, err)
+		p.unparkIfDecided(ctx, c.RunID)
 	default:
 		err = p.release(ctx, c.RunID, err.Error(), p.backoff(ctx, c.RunID), err)
 	}
@@ -360,6 +362,21 @@ func (p *Pool) release(ctx context.Context, runID, failure string, retry time.Du
 		return errors.Join(cause, err)
 	}
 	return cause
+}
+
+// unparkIfDecided hands back at once a run the pool just parked for a
+// person's decision when the decision came first: Decide's hand-back
+// (RunQueue.RequeueRun) may land between the drive's end and the park,
+// which would otherwise hide the decided run until DecisionRecheck.
+func (p *Pool) unparkIfDecided(ctx context.Context, runID string) {
+	stream, err := p.store.Load(ctx, runID)
+	v, err := recovery.ClassifyLoaded(runID, stream, err)
+	if err != nil || v.Pending != nil || v.State == recovery.Finished {
+		return // still waiting, finished, or for the next drive to report
+	}
+	if err := p.queue.RequeueRun(ctx, runID); err != nil && !errors.Is(err, seams.ErrRunLocked) && !errors.Is(err, seams.ErrRunFinished) {
+		p.problem(fmt.Errorf("worker: hand back decided run %q: %w (it waits for DecisionRecheck instead)", runID, err))
+	}
 }
 
 // problem reports a failure of the pool's own work (Options.Problem).

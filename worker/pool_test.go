@@ -455,3 +455,51 @@ func TestARunAwaitingADecisionIsParkedUntilTheDecision(t *testing.T) {
 		})
 	}
 }
+
+// decidingStore is a kv store where a person approves a run's pending call
+// at the worst moment: after the worker's drive found the run awaiting and
+// let go of it, before the worker parks it (its ReleaseRun with a retry).
+type decidingStore struct {
+	*kv.Store
+	decided atomic.Int64
+}
+
+func (s *decidingStore) ReleaseRun(ctx context.Context, runID, failure string, retry time.Duration) error {
+	if failure == "" && retry > 0 {
+		stream, err := s.Load(ctx, runID)
+		v, err := recovery.ClassifyLoaded(runID, stream, err)
+		if err == nil && v.Pending != nil {
+			if _, err := engine.Decide(ctx, s.Store, events.Decision{RunID: runID, ResultID: v.Pending.Call, Verdict: events.VerdictApproved, By: "ana"}); err == nil {
+				s.decided.Add(1)
+			}
+		}
+	}
+	return s.Store.ReleaseRun(ctx, runID, failure, retry)
+}
+
+// TestADecisionJustBeforeTheWorkerParksTheRunIsNotLost: a decision
+// recorded after the worker found the run awaiting but before it parked
+// it (Decide's hand-back then comes first, the park after) leaves the run
+// to be driven at once, not parked until DecisionRecheck.
+func TestADecisionJustBeforeTheWorkerParksTheRunIsNotLost(t *testing.T) {
+	inner, err := kv.Open(filepath.Join(t.TempDir(), "runs.db"), kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	store := &decidingStore{Store: inner}
+	r, res := newRig(1), newResults()
+	r.approval = true
+	p, err := worker.New(store, map[string]worker.Agent{"payer": r.agent},
+		worker.Options{ClaimInterval: 5 * time.Millisecond, DecisionRecheck: time.Hour, Done: res.done})
+	if err != nil {
+		t.Fatal(err)
+	}
+	submit(t, p, 3)
+	stop := work(t, p)
+	defer stop()
+	res.waitFinished(t, 3)
+	if store.decided.Load() != 3 || len(r.executions) != 3 || len(r.twice()) > 0 {
+		t.Fatalf("%d decided before the park, %d payments, %v twice; want 3, 3, none", store.decided.Load(), len(r.executions), r.twice())
+	}
+}
