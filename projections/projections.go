@@ -29,6 +29,7 @@ package projections
 import (
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -51,10 +52,11 @@ type RunLog struct {
 }
 
 // Decision is a person's decision as a RunLog shows it: the Decision
-// record's fields, the index of the step it was made in, and when it was
-// made (its envelope's time).
+// record's fields, the index of the step it was made in, and its event's
+// key and time (when it was made).
 type Decision struct {
-	Step int `json:"step"`
+	ID   ulid.ULID `json:"id"`
+	Step int       `json:"step"`
 	// Call is the result id of the action decided on.
 	Call    string         `json:"call"`
 	Verdict events.Verdict `json:"verdict"`
@@ -87,7 +89,7 @@ func (l *RunLog) Apply(env events.Envelope) {
 			l.Finished = &ev
 		}
 	case events.Decision:
-		l.Decisions = append(l.Decisions, Decision{Step: len(l.run.Steps), Call: ev.ResultID, Verdict: ev.Verdict, By: ev.By,
+		l.Decisions = append(l.Decisions, Decision{ID: env.ID, Step: len(l.run.Steps), Call: ev.ResultID, Verdict: ev.Verdict, By: ev.By,
 			Note: ev.Note, Arguments: ev.Arguments, Observation: ev.Observation, At: env.Time()})
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
@@ -110,18 +111,18 @@ func decidedStream(t *testing.T) []events.Envelope {
 // that ran, the reviewer's note — in the StepRecord's eighteen fields.
 func TestRunLogListsTheDecisions(t *testing.T) {
 	stream := decidedStream(t)
-	at := map[string]time.Time{}
+	at, id := map[string]time.Time{}, map[string]ulid.ULID{}
 	for _, env := range stream {
 		if d, ok := env.Event.(events.Decision); ok {
-			at[d.ResultID] = env.Time()
+			at[d.ResultID], id[d.ResultID] = env.Time(), env.ID
 		}
 	}
 	l := projections.Fold(stream)
 	edited, seen := `{"amount":30}`, "refund r-5 is in the ledger"
 	want := []projections.Decision{
-		{Step: 4, Call: "d0a", Verdict: events.VerdictApproved, By: "ana", Note: "only 30 was paid", Arguments: &edited, At: at["d0a"]},
-		{Step: 5, Call: "d1a", Verdict: events.VerdictRejected, By: "bo", Note: "never paid", At: at["d1a"]},
-		{Step: 6, Call: "d2a", Verdict: events.VerdictExecuted, By: "ops", Observation: &seen, At: at["d2a"]},
+		{ID: id["d0a"], Step: 4, Call: "d0a", Verdict: events.VerdictApproved, By: "ana", Note: "only 30 was paid", Arguments: &edited, At: at["d0a"]},
+		{ID: id["d1a"], Step: 5, Call: "d1a", Verdict: events.VerdictRejected, By: "bo", Note: "never paid", At: at["d1a"]},
+		{ID: id["d2a"], Step: 6, Call: "d2a", Verdict: events.VerdictExecuted, By: "ops", Observation: &seen, At: at["d2a"]},
 	}
 	if !reflect.DeepEqual(l.Decisions, want) {
 		t.Fatalf("decisions\n got %+v\nwant %+v", l.Decisions, want)

@@ -4,22 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
-	"time"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/report"
 )
 
-// decision is a person's decision as the timeline shows it: the record,
-// when it became durable, and the step whose action it decides.
-type decision struct {
-	events.Decision
-	ID   string
-	When time.Time
-	Step int
-}
-
-// decisionJSON is a decision in /api/decisions.
+// decisionJSON is a decision in /api/decisions, its time stamped as the
+// viewer's other endpoints stamp theirs.
 type decisionJSON struct {
 	ID          string         `json:"id"`
 	Time        string         `json:"time"`
@@ -32,26 +24,18 @@ type decisionJSON struct {
 	Observation *string        `json:"observation"` // an operator's finding of executed: what they saw
 }
 
-// decisions are the stream's decisions in order, each with the step of the
-// action intent it decides.
-func decisions(stream []events.Envelope) []decision {
-	steps := map[string]int{} // action result id → step
-	var out []decision
+// decisions are the stream's decisions in order, each with its step
+// (projections.RunLog's).
+func decisions(stream []events.Envelope) []projections.Decision {
+	var log projections.RunLog
 	for _, env := range stream {
-		switch ev := env.Event.(type) {
-		case events.Intent:
-			if ev.IntentKind == events.IntentAction {
-				steps[ev.ResultID] = ev.CallIndex
-			}
-		case events.Decision:
-			out = append(out, decision{Decision: ev, ID: env.ID.String(), When: env.Time(), Step: steps[ev.ResultID]})
-		}
+		log.Apply(env)
 	}
-	return out
+	return log.Decisions
 }
 
-func (d decision) JSON() decisionJSON {
-	return decisionJSON{ID: d.ID, Time: report.Stamp(d.When), Step: d.Step, Call: d.ResultID, Verdict: d.Verdict, By: d.By,
+func toJSON(d projections.Decision) decisionJSON {
+	return decisionJSON{ID: d.ID.String(), Time: report.Stamp(d.At), Step: d.Step, Call: d.Call, Verdict: d.Verdict, By: d.By,
 		Note: d.Note, Arguments: d.Arguments, Observation: d.Observation}
 }
 
@@ -62,7 +46,7 @@ func (h *handler) decisionsJSON(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []decisionJSON{}
 	for _, d := range decisions(stream) {
-		out = append(out, d.JSON())
+		out = append(out, toJSON(d))
 	}
 	writeJSON(w, out)
 }

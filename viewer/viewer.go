@@ -501,9 +501,9 @@ func (h *handler) runsPage(w http.ResponseWriter, r *http.Request) {
 type stepRow struct {
 	events.StepRecord
 	Tokens    *events.Usage
-	WallPct   int        // the step's wall time as a share of the longest step's
-	EnvError  string     // the stored cause of an env_error
-	Decisions []decision // the decisions on the step's action
+	WallPct   int                    // the step's wall time as a share of the longest step's
+	EnvError  string                 // the stored cause of an env_error
+	Decisions []projections.Decision // the decisions on the step's action
 }
 
 type runPage struct {
@@ -521,7 +521,7 @@ type runPage struct {
 	Pending *recovery.PendingCall
 	Person  bool
 	// Deciding are the decisions on the step in progress.
-	Deciding []decision
+	Deciding []projections.Decision
 
 	// A viewer that writes decisions (Options.Decide) offers them for
 	// DecideCall, the call of a run nobody drives that awaits a person or

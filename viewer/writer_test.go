@@ -193,7 +193,7 @@ func TestAWriterRecordsEachDecision(t *testing.T) {
 		want      events.Decision
 	}{
 		{"wait", "approve", url.Values{"note": {"capped"}, "arguments": {`{"amount": 30}`}},
-			events.Decision{Verdict: events.VerdictApproved, Note: "capped", Arguments: ptr(`{"amount": 30}`)}},
+			events.Decision{Verdict: events.VerdictApproved, Note: "capped", Arguments: ptr(`{"amount":30}`)}}, // recorded as it runs
 		{"wait", "approve", url.Values{"note": {""}, "arguments": {" \n"}}, events.Decision{Verdict: events.VerdictApproved}},
 		{"wait", "reject", url.Values{"note": {"too much"}}, events.Decision{Verdict: events.VerdictRejected, Note: "too much"}},
 		{"unsure", "resolve-executed", url.Values{"observation": {"paid once"}, "note": {"checked the ledger"}},

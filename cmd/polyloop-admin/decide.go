@@ -81,11 +81,12 @@ func decide(ctx context.Context, s seams.RunStore, store, verb string, d events.
 	if d.Verdict.Resolves() {
 		record = engine.Resolve
 	}
-	_, err := record(ctx, s, d)
+	env, err := record(ctx, s, d)
 	if err != nil {
 		fmt.Fprintf(stderr, "polyloop-admin: %s: %s\n", verb, refusal(err, store, verb, d))
 		return exitProblem
 	}
+	d = env.Event.(events.Decision) // as recorded: edited arguments as they run
 	what := "call " + d.ResultID
 	if tool := toolOf(ctx, s, d); tool != "" {
 		what += " (" + tool + ")"

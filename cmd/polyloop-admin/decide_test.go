@@ -160,7 +160,7 @@ func TestDecisionsOnAFile(t *testing.T) {
 		{[]string{"reject", path, "reject", reject, "--by", "bo", "--note", "the order was never paid"},
 			"reject: call " + reject + " (refund) rejected by bo\n  when the run goes on the step completes not executed, the model told \"rejected by reviewer: the order was never paid\"; the program that runs it resumes it (engine.Resume)\n"},
 		{[]string{"approve", "--by", "ana", "--arguments", `{"amount": 120}`, path, "edit", edit},
-			"edit: call " + edit + " (refund) approved by ana, with arguments {\"amount\": 120}\n  when the run goes on it runs, once; the program that runs it resumes it (engine.Resume)\n"},
+			"edit: call " + edit + " (refund) approved by ana, with arguments {\"amount\":120}\n  when the run goes on it runs, once; the program that runs it resumes it (engine.Resume)\n"},
 		{[]string{"resolve", "--by", "ops", "--executed", "--observation", "payment p-7 is in the ledger", path, "doubt", doubt},
 			"doubt: call " + doubt + " (pay) found executed by ops\n  when the run goes on the step completes executed without running it again, the model told \"payment p-7 is in the ledger\"; the program that runs it resumes it (engine.Resume)\n"},
 		{[]string{"resolve", "--not-executed", "--by", "ops", path, "gone", gone},
