@@ -129,7 +129,6 @@ func prepare(def Definition, req Request) (*config, error) {
 		obsTemplate: req.observationTemplate(), synthetic: def.Synthetic.withDefaults(),
 		parser: def.Parser, tools: req.Tools, binding: req.ModelBinding, snapshot: snap,
 		agent: req.Agent, input: slices.Clone(req.Input),
-		awaitResolution: req.AwaitResolution,
 	}
 	if !isNil(req.Approval) {
 		cfg.approval = req.Approval

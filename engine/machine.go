@@ -83,21 +83,20 @@ type command struct {
 
 // config is a run's fixed inputs, prepared once.
 type config struct {
-	runID           string
-	budget          Budget
-	modelPolicy     events.ReplayPolicy
-	obsTemplate     string
-	synthetic       SyntheticObservations
-	parser          seams.DecisionParser
-	tools           *seams.Registry
-	binding         map[string]string
-	snapshot        map[string]string
-	approval        seams.ApprovalPolicy // nil: only tools whose spec says so need approval
-	awaitResolution bool
-	agent           string // the request's Agent and Input, recorded in RunStarted
-	input           []byte
-	prefix          []seams.Message // run-level, injections, tool section, goal-level
-	prefixChars     int
+	runID       string
+	budget      Budget
+	modelPolicy events.ReplayPolicy
+	obsTemplate string
+	synthetic   SyntheticObservations
+	parser      seams.DecisionParser
+	tools       *seams.Registry
+	binding     map[string]string
+	snapshot    map[string]string
+	approval    seams.ApprovalPolicy // nil: only tools whose spec says so need approval
+	agent       string               // the request's Agent and Input, recorded in RunStarted
+	input       []byte
+	prefix      []seams.Message // run-level, injections, tool section, goal-level
+	prefixChars int
 }
 
 // current is what the machine notes of the step in progress beside the
@@ -415,15 +414,13 @@ func (m *machine) continueTail(in input) command {
 		}
 		return m.executeCommand()
 	case recovery.PlanStopUnknown:
-		if f.State() == recovery.ActionUnknown && m.cfg.awaitResolution {
-			// The request asks that a side effect in doubt wait for an
-			// operator's finding: say so durably, then wait.
-			awaiting := *f.Current.Action
-			awaiting.Awaits = events.AwaitsResolution
-			m.emit(m.described(awaiting))
-			break
-		}
 		m.finish(in, events.StopResumeStateUnknown, nil)
+	case recovery.PlanAwaitResolution:
+		// The run asks that a side effect in doubt wait for an
+		// operator's finding: say so durably, then wait.
+		awaiting := *f.Current.Action
+		awaiting.Awaits = events.AwaitsResolution
+		m.emit(m.described(awaiting))
 	case recovery.PlanAwaitDecision:
 		return m.awaitCommand()
 	case recovery.PlanExecuteApproved:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -211,8 +212,12 @@ func (r Request) Validate() error {
 }
 
 // ParameterSnapshot reports the request's behaviour-changing settings:
-// budget, model replay policy, templates, grace, tool names, binding keys,
-// injected entry ids and the executor's parameters (prefixed executor.).
+// budget, model replay policy, templates, grace, tool names (and those
+// requiring approval: tools.requiring_approval), the approval policy
+// (approval, and its parameters prefixed approval.), await_resolution,
+// binding keys, injected entry ids and the executor's parameters
+// (prefixed executor.). The keys of approvals are absent when unused, so
+// runs from before them resume.
 // Message contents are inputs, not parameters.
 func (r Request) ParameterSnapshot() (map[string]string, error) {
 	if err := r.Validate(); err != nil {
@@ -248,7 +253,7 @@ func (r Request) ParameterSnapshot() (map[string]string, error) {
 		prefixed(out, "approval.", r.Approval.Parameters())
 	}
 	if r.AwaitResolution {
-		out["await_resolution"] = "true"
+		out[recovery.AwaitResolutionKey] = "true"
 	}
 	prefixed(out, "binding.", r.ModelBinding)
 	injected := map[string]string{}

@@ -52,15 +52,17 @@
 // action has not started (the driver writes that intent and only then
 // executes). A never action in doubt stops the run resume_state_unknown,
 // as before — unless the run's request asks that it await a resolution
-// (engine.Request.AwaitResolution, in the parameter snapshot): Resume then
-// writes the awaiting-resolution intent (PlanAwaitResolution) and waits.
+// (engine.Request.AwaitResolution, the snapshot's await_resolution, which
+// Fold.Plan reads): Resume then writes the awaiting-resolution intent
+// (PlanAwaitResolution) and waits.
 // A finding is accepted on any action in doubt (ActionUnknown, whatever
 // its policy, or AwaitingResolution); an approval's answer only while the
 // action awaits approval; each once. What a step completes with must be
 // what its decisions allow: nothing completes while awaiting; an action
 // whose executing intent was never written completes not_executed; a
-// resolved one completes as found. A cancelled run may finish in any of
-// these states.
+// resolved one completes as found. A run may finish cancelled in any of
+// these states, and resume_state_unknown where the stored reply no longer
+// parses to the action its intent announced.
 //
 // What does not live here: replaying a log and continuing the run (package
 // engine), and reading it from disk (package kv).

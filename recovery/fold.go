@@ -17,6 +17,10 @@ import (
 // A Fold trusts its events: a Classifier judges them first.
 type Fold struct {
 	Started bool
+	// AwaitResolution: the run's parameters ask that a never action in
+	// doubt await an operator's finding (engine.Request.AwaitResolution,
+	// the snapshot's await_resolution) rather than end the run.
+	AwaitResolution bool
 	// Steps are the step records in stream order. A Result shares them.
 	Steps []events.StepRecord
 	// Usage sums the replies' token usage (failed calls report none).
@@ -52,6 +56,7 @@ func (f *Fold) Apply(ev events.Event) {
 	switch ev := ev.(type) {
 	case events.RunStarted:
 		f.Started = true
+		f.AwaitResolution = ev.ParameterSnapshot[AwaitResolutionKey] == "true"
 	case events.Intent:
 		if ev.IntentKind == events.IntentModelCall {
 			f.Current = Step{Model: &ev}
@@ -129,15 +134,25 @@ func (f *Fold) Pending() *events.Intent {
 	return nil
 }
 
-// Plan is what Resume does with the tail (PlanFor its state and the
-// replay policy of the intent in doubt).
+// Plan is what Resume does with the tail: PlanFor its state and the
+// replay policy of the intent in doubt, except that an action in doubt
+// that may not be replayed awaits an operator's finding when the run's
+// parameters ask so (AwaitResolution).
 func (f *Fold) Plan() Plan {
 	policy := events.ReplayNever
 	if in := f.InDoubt(); in != nil {
 		policy = in.ReplayPolicy
 	}
-	return PlanFor(f.State(), policy)
+	plan := PlanFor(f.State(), policy)
+	if plan == PlanStopUnknown && f.State() == ActionUnknown && f.AwaitResolution {
+		return PlanAwaitResolution
+	}
+	return plan
 }
+
+// AwaitResolutionKey is the parameter snapshot's key by which a run asks
+// that a never action in doubt await an operator's finding ("true").
+const AwaitResolutionKey = "await_resolution"
 
 // Result is the run's recorded result with its steps (shared with the
 // fold) and usage put back, and false while the run has not finished.

@@ -129,9 +129,8 @@ func (p Plan) Describe() string {
 // replay policy of the side effect in doubt (ignored by the other rows).
 // Only ReplaySafe replays a side effect in doubt; any other policy, an
 // empty or unknown one included, stops the run with resume_state_unknown
-// (PlanAwaitResolution instead, when the run's request asks that an
-// action in doubt await an operator: the engine decides that, not the
-// log).
+// (PlanAwaitResolution instead for an action, when the run's parameters
+// ask that it await an operator: Fold.Plan reads them).
 func PlanFor(s State, policy events.ReplayPolicy) Plan {
 	switch s {
 	case Finished:
@@ -171,7 +170,8 @@ type Verdict struct {
 	// Step is the index of the step in progress, or of the next step.
 	Step int
 	// InDoubt is the intent whose side effect's outcome is unknown
-	// (ModelCallUnknown, ActionUnknown); nil otherwise.
+	// (ModelCallUnknown, ActionUnknown, AwaitingResolution); nil
+	// otherwise.
 	InDoubt *events.Intent
 	Plan    Plan
 	// Result is the recorded result of a finished run, steps included.
