@@ -129,14 +129,17 @@ func record(ctx context.Context, store seams.RunStore, d events.Decision) (event
 	env, err := func() (events.Envelope, error) {
 		defer release()
 		stream, err := store.Load(ctx, runID)
-		_, err = recovery.ClassifyLoaded(runID, stream, err)
-		switch {
+		log := recovery.NewClassifier(runID)
+		for _, env := range stream {
+			log.Apply(env)
+		}
+		switch _, err = log.Verdict(err); {
 		case err != nil:
 			return events.Envelope{}, err
 		case len(stream) == 0:
-			return events.Envelope{}, fmt.Errorf("%w: %w", ErrRunNotFound, seams.ErrNoRun)
+			return events.Envelope{}, runNotFound
 		}
-		d, err := decidable(stream, d)
+		d, err := decidable(log.Fold(), stream, d)
 		if err != nil {
 			return events.Envelope{}, err
 		}
@@ -180,25 +183,36 @@ func lockWaiting(ctx context.Context, store seams.RunStore, runID string) (func(
 	}
 }
 
-// decidable checks decision d against the log it would follow: the call
-// must be the step's pending action, awaiting the kind of decision d is,
-// and not decided yet; edited arguments must satisfy the recorded schema,
-// and are returned in d as the action will run with them (exactArguments).
-func decidable(stream []events.Envelope, d events.Decision) (events.Decision, error) {
-	f := recovery.Fold{}
-	for _, env := range stream {
-		f.Apply(env.Event)
-	}
+// runNotFound is Decide's and Resolve's refusal of a run with no log: it
+// matches ErrRunNotFound, and seams.ErrNoRun for readers that know no
+// engine.
+var runNotFound = refusal{text: "no such run", is: []error{ErrRunNotFound, seams.ErrNoRun}}
+
+// refusal is an error with a text of its own that matches several.
+type refusal struct {
+	text string
+	is   []error
+}
+
+func (r refusal) Error() string   { return r.text }
+func (r refusal) Unwrap() []error { return r.is }
+
+// decidable checks decision d against the log f folds (stream) that it
+// would follow: the call must be the step's pending action, awaiting the
+// kind of decision d is, and not decided yet — whatever became of it
+// since; edited arguments must satisfy the recorded schema, and are
+// returned in d as the action will run with them (exactArguments).
+func decidable(f *recovery.Fold, stream []events.Envelope, d events.Decision) (events.Decision, error) {
 	cur := f.Current
 	if cur.Action == nil || cur.Action.ResultID != d.ResultID {
-		return d, notPending(stream, d.ResultID)
+		return d, notPending(stream, d)
 	}
 	state := f.State()
 	if !d.Verdict.Resolves() {
-		switch state {
-		case recovery.AwaitingApproval:
-		case recovery.Approved, recovery.Rejected:
+		switch {
+		case cur.Decision != nil:
 			return d, fmt.Errorf("%w: %s by %q", ErrAlreadyDecided, cur.Decision.Verdict, cur.Decision.By)
+		case state == recovery.AwaitingApproval:
 		default:
 			return d, fmt.Errorf("%w: it awaits no approval (state %s)", ErrNotPending, state)
 		}
@@ -280,15 +294,28 @@ func inexactNumber(v any) (string, bool) {
 }
 
 // notPending says why a call that is not the step's pending action cannot
-// be decided: it is an earlier, completed call of the run, or none of its.
-func notPending(stream []events.Envelope, call string) error {
+// be decided: it was decided (of d's kind) before its step completed, it
+// is an earlier, completed call of the run, or none of its.
+func notPending(stream []events.Envelope, d events.Decision) error {
+	call, step := d.ResultID, -1
 	for _, env := range stream {
-		if in, ok := env.Event.(events.Intent); ok && in.ResultID == call {
-			if in.IntentKind == events.IntentModelCall {
-				return fmt.Errorf("%w: %q is the model call of step %d, not an action", ErrNotPending, call, in.CallIndex)
+		switch ev := env.Event.(type) {
+		case events.Intent:
+			if ev.ResultID != call {
+				break
 			}
-			return fmt.Errorf("%w: the action of step %d has completed", ErrNotPending, in.CallIndex)
+			if ev.IntentKind == events.IntentModelCall {
+				return fmt.Errorf("%w: %q is the model call of step %d, not an action", ErrNotPending, call, ev.CallIndex)
+			}
+			step = ev.CallIndex
+		case events.Decision:
+			if ev.ResultID == call && ev.Verdict.Resolves() == d.Verdict.Resolves() {
+				return fmt.Errorf("%w: %s by %q (the step has completed since)", ErrAlreadyDecided, ev.Verdict, ev.By)
+			}
 		}
 	}
-	return fmt.Errorf("%w: %q", ErrNoSuchCall, call)
+	if step < 0 {
+		return fmt.Errorf("%w: %q", ErrNoSuchCall, call)
+	}
+	return fmt.Errorf("%w: the action of step %d has completed", ErrNotPending, step)
 }

@@ -408,12 +408,14 @@ func (e Decision) Validate() error {
 		return fmt.Errorf("verdict %q is not one of approved, rejected, executed, not_executed", e.Verdict)
 	case e.By == "":
 		return errors.New("by is empty: a decision names who made it")
-	case len(e.By) > MaxNameBytes:
-		return fmt.Errorf("by is %d bytes, more than %d (events.MaxNameBytes)", len(e.By), MaxNameBytes)
+	case len(e.By) > maxNameBytes:
+		return fmt.Errorf("by is %d bytes, more than %d", len(e.By), maxNameBytes)
 	case len(e.Note) > MaxTextBytes:
 		return fmt.Errorf("note is %d bytes, more than %d (events.MaxTextBytes)", len(e.Note), MaxTextBytes)
 	case e.Arguments != nil && e.Verdict != VerdictApproved:
 		return fmt.Errorf("arguments are set on a decision %s: only an approval edits arguments", e.Verdict)
+	case e.Arguments != nil && len(*e.Arguments) > MaxTextBytes:
+		return fmt.Errorf("arguments are %d bytes, more than %d (events.MaxTextBytes)", len(*e.Arguments), MaxTextBytes)
 	case e.Arguments != nil && !jsonObject(*e.Arguments):
 		return errors.New("arguments are not a JSON object")
 	case e.Observation != nil && e.Verdict != VerdictExecuted:
@@ -424,14 +426,11 @@ func (e Decision) Validate() error {
 	return nil
 }
 
-// MaxNameBytes bounds a name a caller gives a record (Decision.By).
-const MaxNameBytes = 1024
+// maxNameBytes bounds a name a caller gives a record (Decision.By).
+const maxNameBytes = 1024
 
-// jsonObject reports whether s is one JSON object, at most MaxTextBytes.
+// jsonObject reports whether s is one JSON object.
 func jsonObject(s string) bool {
-	if len(s) > MaxTextBytes {
-		return false
-	}
 	var v map[string]any
 	return json.Unmarshal([]byte(s), &v) == nil && v != nil
 }

@@ -240,9 +240,9 @@
 // driver has taken yet in memory): the run is held while its driver
 // holds it, and nobody's once the driver lets go, so a worker claims it
 // again — the claimer's too, when another driver of the process took the
-// run first. ReleaseRun clears the claim in the file, and the retry time
-// (claimable at once) or, with a failure, counts it, keeps it (cut to
-// 4 KiB) and sets the retry time, unless a driver of this process holds
+// run first. ReleaseRun clears the claim in the file and sets the retry
+// time (cleared for none: claimable at once), with a failure also
+// counting it and keeping it (cut to 4 KiB), unless a driver of this process holds
 // the run; a run started without an agent it leaves alone. RequeueRun
 // clears claim, failures, last error and retry time, and refuses a run
 // this Store claimed for a worker that has not taken it yet. A claim

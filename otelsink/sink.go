@@ -17,7 +17,8 @@
 // execute_tool span, which runs from its result id's minting to its
 // step's completion and so holds the wait: a "polyloop.awaiting" span
 // event at each awaiting intent (polyloop.awaits = approval or
-// resolution, gen_ai.tool.name, gen_ai.tool.call.id), and a
+// resolution, gen_ai.tool.name, gen_ai.tool.call.id, and with
+// Options.IncludeContent the call's arguments awaiting the decision), and a
 // "polyloop.decision" event at each decision (polyloop.decision.verdict,
 // polyloop.decision.by, gen_ai.tool.call.id, and
 // polyloop.decision.waited_ms, from the awaiting intent to the decision,

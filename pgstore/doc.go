@@ -169,10 +169,11 @@
 //     a worker locks right after claiming; a claim nobody locks expires
 //     after one term, and the run is claimable again.
 //   - Giving back: ReleaseRun clears the lease when it is this store's or
-//     already cleared (the engine's LockRun release comes first). Without a
-//     failure the run is claimable at once; with one, failures goes up,
-//     last_error keeps it (valid UTF-8, cut at events.MaxEnvErrorBytes),
-//     and retry_at is now plus the delay, by the server's clock. A run
+//     already cleared (the engine's LockRun release comes first), and
+//     retry_at is now plus the delay by the server's clock (cleared for
+//     none and no failure: claimable at once); a failure also counts in
+//     failures and is kept in last_error (valid UTF-8, cut at
+//     events.MaxEnvErrorBytes). A run
 //     another worker holds, or a driver of this store, a finished one, or
 //     one started without an agent, is left as it is.
 //   - Requeueing: RequeueRun clears retry_at, failures, last_error and a

@@ -186,9 +186,9 @@ func (s *Store) ClaimRuns(ctx context.Context, agents []string, max int) ([]seam
 }
 
 // ReleaseRun implements seams.RunQueue in one statement: the run's lease
-// is cleared when it is this store's or already released, and without a
-// failure the run is claimable at once (retry is then ignored); with one,
-// its failure count goes up, the failure is kept as its last error (valid
+// is cleared when it is this store's or already released, and the run is
+// claimable again after retry (at once for 0: its retry time cleared);
+// with a failure, its failure count goes up, the failure is kept as its last error (valid
 // UTF-8, at most events.MaxEnvErrorBytes, cut and marked with "…"), and it
 // is claimable again after retry by the server's clock. A run another
 // worker holds, one a driver of this store still holds (its LockRun not

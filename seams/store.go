@@ -371,8 +371,9 @@ const (
 	// says it, and a run a driver holds is running whatever its tail.
 	StatusInDoubt RunStatus = "in_doubt"
 	// StatusAwaitingApproval: an unfinished run whose tail is an action
-	// awaiting a person's approval (engine.Decide); nothing drives it
-	// until a decision is recorded. StatusAwaitingResolution: one whose
+	// awaiting a person's approval (engine.Decide); nothing continues it
+	// until a decision is recorded (a worker looks at it again now and
+	// then, and parks it again). StatusAwaitingResolution: one whose
 	// tail is an action in doubt awaiting an operator's finding
 	// (engine.Resolve). Like in_doubt, only a reader that classifies the
 	// log tells them; an index says running.

@@ -29,6 +29,12 @@
 // back-off that doubles with each failure (Options.RetryAfter up to
 // Options.MaxRetryAfter); an operator's Resume clears it.
 //
+// A run that waits for a person (engine.ErrAwaitingDecision: an action
+// awaiting approval, or an outcome in doubt awaiting an operator's
+// finding) is no failure: it is parked — given back with no failure
+// counted, not claimed again for Options.DecisionRecheck — and handed back
+// at once by the decision (engine.Decide, engine.Resolve).
+//
 // What a run is for — which runs to submit, in what order, what their
 // results mean — stays with the consumer: the pool only keeps the runs it
 // is given alive.
