@@ -41,6 +41,16 @@ func completed(status events.ActionStatus) events.StepCompleted {
 // when the log ends.
 func inDoubt() []events.Event { return proptest.SoundStream("r")[:4] }
 
+// awaitingFindings is inDoubt in a run whose parameters ask that an
+// action in doubt await an operator's finding.
+func awaitingFindings() []events.Event {
+	evs := inDoubt()
+	started := evs[0].(events.RunStarted)
+	started.ParameterSnapshot = map[string]string{recovery.AwaitResolutionKey: "true"}
+	evs[0] = started
+	return evs
+}
+
 func with(base []events.Event, more ...events.Event) []events.Event {
 	return append(append([]events.Event{}, base...), more...)
 }
@@ -62,6 +72,7 @@ func TestTheRowsOfHumanDecisions(t *testing.T) {
 		{"approved", with(decisionStep(), approved), recovery.Approved, recovery.PlanExecuteApproved, seams.StatusRunning, false, ""},
 		{"approved, executing", with(decisionStep(), approved, executing), recovery.ActionUnknown, recovery.PlanStopUnknown, seams.StatusInDoubt, true, ""},
 		{"rejected", with(decisionStep(), rejected), recovery.Rejected, recovery.PlanCompleteRejected, seams.StatusRunning, false, ""},
+		{"in doubt, in a run that awaits findings", awaitingFindings(), recovery.ActionUnknown, recovery.PlanAwaitResolution, seams.StatusInDoubt, true, ""},
 		{"in doubt, awaiting a finding", with(inDoubt(), doubtful), recovery.AwaitingResolution, recovery.PlanAwaitDecision, seams.StatusAwaitingResolution, true, events.AwaitsResolution},
 		{"in doubt, found executed", with(inDoubt(), foundRan), recovery.Resolved, recovery.PlanCompleteResolved, seams.StatusRunning, false, ""},
 		{"awaited, found not executed", with(inDoubt(), doubtful, foundNone), recovery.Resolved, recovery.PlanCompleteResolved, seams.StatusRunning, false, ""},
