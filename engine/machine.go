@@ -430,7 +430,7 @@ func (m *machine) continueTail(in input) command {
 		if note := f.Current.Decision.Note; note != "" {
 			text += ": " + note
 		}
-		m.notExecuted(in, text)
+		m.completeAction(in, notExecuted(text))
 	case recovery.PlanCompleteResolved:
 		m.resolved(in)
 	case recovery.PlanCompleteError:
@@ -576,7 +576,7 @@ func (m *machine) afterReply(in input) {
 		var spec seams.ToolSpec
 		if d.ToolCall != nil {
 			if err := m.validateTool(*d.ToolCall); err != nil {
-				m.rejected(in, d, err)
+				m.completeAction(in, m.refused(err))
 				return
 			}
 			spec, _ = m.cfg.tools.SpecFor(d.ToolCall.Name)
@@ -662,7 +662,7 @@ func (m *machine) executeApproved(in input) {
 	}
 	if a.ToolCall != nil {
 		if err := m.validateTool(*a.ToolCall); err != nil {
-			m.notExecuted(in, strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error()))
+			m.completeAction(in, m.refused(err))
 			return
 		}
 	}
@@ -671,35 +671,45 @@ func (m *machine) executeApproved(in input) {
 	m.emit(intent)
 }
 
-// notExecuted completes the step of a pending action that did not run
-// (rejected, or approved with arguments the registry refused): outcome
-// not_executed, text as the synthetic observation.
-func (m *machine) notExecuted(in input, text string) {
-	a, args := m.action()
-	out := clipObservation(events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true})
-	rec := m.actionRecord(in, a, args, out)
-	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
-	m.startStep(in)
-}
-
 // resolved completes the step of an action in doubt as the operator found
 // it, executing nothing: executed with the observation they gave, or not
 // executed. Either observation is marked synthetic: the executor did not
 // produce it.
 func (m *machine) resolved(in input) {
 	r := m.fold().Current.Resolution
-	out := events.ActionOutcome{Status: events.StatusNotExecuted, Observation: "not executed (operator's finding: " + r.By + ")", ObservationIsSynthetic: true}
+	out := notExecuted("not executed (operator's finding: " + r.By + ")")
 	if r.Verdict == events.VerdictExecuted {
 		out = events.ActionOutcome{Status: events.StatusExecuted, ObservationIsSynthetic: true}
 		if r.Observation != nil {
 			out.Observation = *r.Observation
 		}
 	}
+	m.completeAction(in, out)
+}
+
+// completeAction completes the step of its action — the parsed one, as an
+// approval edited it — with outcome out (its observation clipped), under
+// the result id of the step's action intent when one was written, and
+// plans what follows: the next step, or the stop the step calls for.
+func (m *machine) completeAction(in input, out events.ActionOutcome) {
 	out = clipObservation(out)
-	a, args := m.action()
-	rec := m.actionRecord(in, a, args, out)
-	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
+	resultID := ""
+	if act := m.fold().Current.Action; act != nil {
+		resultID = act.ResultID
+	}
+	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: resultID, ActionOutcome: &out, Step: m.actionRecord(in, out)})
 	m.startStep(in)
+}
+
+// notExecuted is the outcome of an action that did not run, text its
+// synthetic observation.
+func notExecuted(text string) events.ActionOutcome {
+	return events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true}
+}
+
+// refused is the outcome of a tool call the registry refused.
+func (m *machine) refused(err error) events.ActionOutcome {
+	return notExecuted(strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error()))
 }
 
 func (m *machine) validateTool(tc seams.ToolCall) error {
@@ -707,16 +717,6 @@ func (m *machine) validateTool(tc seams.ToolCall) error {
 		return fmt.Errorf("%w %q: no tools are available", seams.ErrUnknownTool, tc.Name)
 	}
 	return m.cfg.tools.Validate(tc)
-}
-
-// rejected records a tool call the registry refused: no intent, nothing
-// executed, a synthetic observation.
-func (m *machine) rejected(in input, a seams.Action, err error) {
-	text := strings.ReplaceAll(m.cfg.synthetic.ActionRejected, "{error}", err.Error())
-	out := clipObservation(events.ActionOutcome{Status: events.StatusNotExecuted, Observation: text, ObservationIsSynthetic: true})
-	rec := m.actionRecord(in, a, m.cur.args, out)
-	m.emit(events.StepCompleted{RunID: m.cfg.runID, ActionOutcome: &out, Step: rec})
-	m.startStep(in)
 }
 
 func (m *machine) actionReturned(in input) command {
@@ -740,11 +740,7 @@ func (m *machine) actionReturned(in input) command {
 	if out.EnvError != nil {
 		out.EnvError = events.EnvErrorText(*out.EnvError)
 	}
-	out = clipObservation(out)
-	a, args := m.action()
-	rec := m.actionRecord(in, a, args, out)
-	m.emit(events.StepCompleted{RunID: m.cfg.runID, ResultID: m.fold().Current.Action.ResultID, ActionOutcome: &out, Step: rec})
-	m.startStep(in) // may stop with env_error or task_completed
+	m.completeAction(in, out) // may stop with env_error or task_completed
 	return m.flush()
 }
 
@@ -782,9 +778,10 @@ func (m *machine) record(in input) events.StepRecord {
 	return rec
 }
 
-// actionRecord is the step record of action a, whose tool call's
-// arguments are args as JSON text, with outcome out.
-func (m *machine) actionRecord(in input, a seams.Action, args string, out events.ActionOutcome) events.StepRecord {
+// actionRecord is the step record of the step's action (m.action) with
+// outcome out.
+func (m *machine) actionRecord(in input, out events.ActionOutcome) events.StepRecord {
+	a, args := m.action()
 	rec := m.record(in)
 	text := a.Text
 	rec.Action = &text
