@@ -122,9 +122,13 @@ func record(ctx context.Context, store seams.RunStore, d events.Decision) (event
 	if err := d.Validate(); err != nil {
 		return events.Envelope{}, fmt.Errorf("%w: run %q: %w", ErrInvalidDecision, runID, err)
 	}
+	verb := "decide on"
+	if d.Verdict.Resolves() {
+		verb = "resolve"
+	}
 	release, err := lockWaiting(ctx, store, runID)
 	if err != nil {
-		return events.Envelope{}, fmt.Errorf("engine: decide on call %q of run %q: %w", d.ResultID, runID, err)
+		return events.Envelope{}, fmt.Errorf("engine: %s call %q of run %q: %w", verb, d.ResultID, runID, err)
 	}
 	env, err := func() (events.Envelope, error) {
 		defer release()
@@ -153,7 +157,7 @@ func record(ctx context.Context, store seams.RunStore, d events.Decision) (event
 		return envs[0], nil
 	}()
 	if err != nil {
-		return events.Envelope{}, fmt.Errorf("engine: decide on call %q of run %q: %w", d.ResultID, runID, err)
+		return events.Envelope{}, fmt.Errorf("engine: %s call %q of run %q: %w", verb, d.ResultID, runID, err)
 	}
 	// The run waits no more: hand it to the workers now, rather than when
 	// a worker next looks at the runs it parked (a run no pool queues, or
