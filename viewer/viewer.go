@@ -1,7 +1,8 @@
 // Package viewer is a web view of a store's runs: an http.Handler a
 // service mounts beside its agents, or that `polyloop-inspect serve`
-// serves from a file or a postgres:// URL. It only reads, unless mounted
-// to record people's decisions (see Decisions).
+// (read-only) and `polyloop-admin serve` (recording decisions) serve from
+// a file or a postgres:// URL. It only reads, unless mounted to record
+// people's decisions (see Decisions).
 //
 //	mux.Handle("/runs/", http.StripPrefix("/runs", viewer.New(store, viewer.Options{})))
 //

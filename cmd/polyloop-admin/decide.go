@@ -77,10 +77,6 @@ func jsonObject(text string) error {
 // words, and makes the exit status 1. verb names the command in
 // messages; store names s.
 func decide(ctx context.Context, s seams.RunStore, store, verb string, d events.Decision, stdout, stderr io.Writer) int {
-	record := engine.Decide
-	if d.Verdict.Resolves() {
-		record = engine.Resolve
-	}
 	env, err := record(ctx, s, d)
 	if err != nil {
 		fmt.Fprintf(stderr, "polyloop-admin: %s: %s\n", verb, refusal(err, store, verb, d))
@@ -115,6 +111,16 @@ func decide(ctx context.Context, s seams.RunStore, store, verb string, d events.
 	}
 	fmt.Fprintf(stdout, "%s: %s\n  when the run goes on %s; %s\n", d.RunID, what, next, goesOn(ctx, s, d.RunID))
 	return exitOK
+}
+
+// record records d in s: an approval's answer (approved, rejected) by
+// engine.Decide, an operator's finding (executed, not executed) by
+// engine.Resolve.
+func record(ctx context.Context, s seams.RunStore, d events.Decision) (events.Envelope, error) {
+	if d.Verdict.Resolves() {
+		return engine.Resolve(ctx, s, d)
+	}
+	return engine.Decide(ctx, s, d)
 }
 
 // goesOn says who continues runID now that it waits for nobody: the
