@@ -201,7 +201,7 @@ func New(store seams.RunReader, o Options) http.Handler {
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.o.Decide != nil && !h.hostAllowed(r.Host) {
 		// A rebound DNS name: its pages would read the token and decide.
-		http.Error(w, fmt.Sprintf("this viewer writes decisions and does not answer to host %q (viewer.Options.Hosts)", report.Clip(r.Host, 80)),
+		http.Error(w, fmt.Sprintf("this viewer writes decisions and does not answer to host %q (viewer.Options.Hosts; polyloop-admin serve --hosts)", report.Clip(r.Host, 80)),
 			http.StatusMisdirectedRequest)
 		return
 	}

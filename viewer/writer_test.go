@@ -518,6 +518,19 @@ func TestAWriterAnswersOnlyToItsHostNames(t *testing.T) {
 	if code := send(t, "evil.example:8080", http.MethodPost, "/api/decide", approve); code != http.StatusMisdirectedRequest {
 		t.Errorf("POST /api/decide for a rebound name: %d, want 421", code)
 	}
+	// The refusal says where the names are given: in Go, and on the
+	// command line.
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+	req.Host = "evil.example:8080"
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := `does not answer to host "evil.example:8080" (viewer.Options.Hosts; polyloop-admin serve --hosts)`; !strings.Contains(string(b), want) {
+			t.Errorf("the 421 says %q, want it to say %q", b, want)
+		}
+	}
 	if store.Transactions() != before {
 		t.Fatal("a rebound name's request wrote to the store")
 	}

@@ -161,7 +161,7 @@ func TestServeRecordsDecisions(t *testing.T) {
 
 // TestServeAnswersToItsHosts: with --hosts the pages answer to the names
 // it gives (comma-separated, blanks ignored) and to no other, localhost
-// included: 421.
+// included: 421, naming the flag.
 func TestServeAnswersToItsHosts(t *testing.T) {
 	path, _ := awaitingFile(t)
 	base, banner, _ := serving(t, "--by", "ana", "--hosts", "viewer.example, ops.example:8080,", path)
@@ -177,8 +177,12 @@ func TestServeAnswersToItsHosts(t *testing.T) {
 		{"localhost", http.StatusMisdirectedRequest},
 		{"evil.example", http.StatusMisdirectedRequest},
 	} {
-		if code, body := get(t, base+"run?id=wait", c.host); code != c.code {
+		code, body := get(t, base+"run?id=wait", c.host)
+		if code != c.code {
 			t.Errorf("Host %s: %d, want %d\n%s", c.host, code, c.code, body)
+		}
+		if code == http.StatusMisdirectedRequest && !strings.Contains(body, "polyloop-admin serve --hosts") {
+			t.Errorf("Host %s: the refusal does not say which flag names the hosts: %s", c.host, body)
 		}
 	}
 }
