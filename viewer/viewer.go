@@ -593,7 +593,7 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
 			EnvError: causes[s.StepIdx]})
 	}
-	for _, d := range decisions(stream) {
+	for _, d := range log.Decisions {
 		if d.Step < len(page.Steps) {
 			page.Steps[d.Step].Decisions = append(page.Steps[d.Step].Decisions, d)
 		} else {
