@@ -41,6 +41,27 @@ func AwaitsPerson(s seams.RunStatus) bool {
 	return s == seams.StatusAwaitingApproval || s == seams.StatusAwaitingResolution
 }
 
+// Decidable is the call of r a person may decide on now, nil when there
+// is none: the call r awaits a person for (its status awaiting_approval or
+// awaiting_resolution), or, when nobody drives r and its log leaves an
+// action in doubt (in_doubt), that action, as a call awaiting an
+// operator's finding (resolution) since a time not known. A finished,
+// corrupt or held run, one between steps, and a model call in doubt, which
+// no person resolves, have none.
+func (r Run) Decidable() *recovery.PendingCall {
+	v := r.Verdict
+	switch {
+	case r.Err != nil:
+	case AwaitsPerson(r.Status):
+		return v.Pending
+	case r.Status == seams.StatusInDoubt && v.InDoubt != nil && v.InDoubt.IntentKind == events.IntentAction:
+		in := v.InDoubt
+		return &recovery.PendingCall{Call: in.ResultID, Step: in.CallIndex, Awaits: events.AwaitsResolution, Tool: in.ToolName,
+			Arguments: in.Arguments, ArgumentsSchema: in.ArgumentsSchema, ReplayPolicy: in.ReplayPolicy}
+	}
+	return nil
+}
+
 // DecisionCommand is a polyloop-admin command line that decides a pending
 // call, and what it says of the call.
 type DecisionCommand struct {
@@ -71,14 +92,6 @@ func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCom
 		{"approve", "polyloop-admin approve " + target + " [--note TEXT]" + edit},
 		{"reject", "polyloop-admin reject " + target + " [--note TEXT]"},
 	}
-}
-
-// ResolveCommand is the polyloop-admin command line with which an
-// operator who knows whether the action call of runID, in doubt, ran
-// settles it (store as in DecisionCommands).
-func ResolveCommand(store, runID, call string) string {
-	return "polyloop-admin resolve " + strings.Join([]string{shellWord(store), shellWord(runID), shellWord(call)}, " ") +
-		" (--executed --observation TEXT | --not-executed)"
 }
 
 var plainWord = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)

@@ -526,8 +526,8 @@ type runPage struct {
 
 	// A viewer that writes decisions (Options.Decide) offers them for
 	// DecideCall, the call of a run nobody drives that awaits a person or
-	// whose action is in doubt: approval (approve, reject) or resolution
-	// (executed, not executed). Token is the handler's; Refused says why
+	// whose action is in doubt (report.Run.Decidable): approval (approve,
+	// reject) or resolution (executed, not executed). Token is the handler's; Refused says why
 	// a decision just posted was refused, and Form is what was posted.
 	DecideCall string
 	DecideKind events.Awaits
@@ -604,7 +604,9 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 	page.Person = run.Status == seams.StatusAwaitingApproval || run.Status == seams.StatusAwaitingResolution
 	if h.o.Decide != nil {
 		page.Token = h.token
-		page.DecideCall, page.DecideKind = decidable(run)
+		if p := run.Decidable(); p != nil {
+			page.DecideCall, page.DecideKind = p.Call, p.Awaits
+		}
 	}
 	code := http.StatusOK
 	if refused != nil {

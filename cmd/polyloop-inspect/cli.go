@@ -150,8 +150,9 @@ for a person: the pending call — tool, arguments, call id, since when — and
 the polyloop-admin commands that decide it); or corrupt, with every reason.
 For a run in doubt that nobody holds it lists each side effect whose outcome
 is unknown (step, kind, tool, result id, replay policy), what Resume would do
-with it, and, for an action, the polyloop-admin resolve command an operator
-who knows whether it ran may settle it with; env_error causes are shown.
+with it, and, for an action, the polyloop-admin resolve commands an
+operator who knows whether it ran may settle it with (it ran; it did not
+run); env_error causes are shown.
 Prints OK or the number of corrupt runs last; exits 1 when any run is
 corrupt or RUN is not in the store. With --json, one JSON object per run:
 run_id, verdict (finished, running, resumable, awaiting_approval,

@@ -140,15 +140,17 @@ func TestARunAwaitingAPersonIsShownWithItsCall(t *testing.T) {
 
 // TestAnActionInDoubtNamesTheCommandThatSettlesIt: verify of a run whose
 // action a crash left in doubt, that nobody drives, names the resolve
-// command; of a model call in doubt, which no operator settles, nothing.
+// commands, either finding; of a model call in doubt, which no operator
+// settles, nothing.
 func TestAnActionInDoubtNamesTheCommandThatSettlesIt(t *testing.T) {
 	mem := &seamstest.MemStore{}
 	sound := proptest.SoundStream("action")
 	proptest.AppendEach(t, mem, "action", sound[:4]) // the action's intent, no outcome
 	proptest.AppendEach(t, mem, "model", proptest.SoundStream("model")[:2])
 	for run, want := range map[string]string{
-		"action": "  an operator who knows whether it ran may settle it: polyloop-admin resolve " + stores.Describe("STORE") +
-			" action r0a (--executed --observation TEXT | --not-executed)\n",
+		"action": "  an operator who knows whether it ran may settle it:\n" +
+			"    it ran:         polyloop-admin resolve " + stores.Describe("STORE") + " action r0a --executed --observation TEXT\n" +
+			"    it did not run: polyloop-admin resolve " + stores.Describe("STORE") + " action r0a --not-executed\n",
 		"model": "",
 	} {
 		var out, errOut strings.Builder

@@ -126,9 +126,11 @@ func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 		}
 		fmt.Fprintf(w, "  in doubt: step %d, %s, tool %s, result id %s, replay policy %s -> %s\n",
 			in.CallIndex, in.IntentKind, tool, escape(in.ResultID), in.ReplayPolicy, v.Plan.Describe())
-		if in.IntentKind == events.IntentAction {
-			c.printResolvable(w, r.Info.RunID, *in, "  ")
-		}
+	}
+	if p := r.Decidable(); p != nil {
+		// An action in doubt, instead of what Resume would do with it.
+		fmt.Fprintln(w, "  an operator who knows whether it ran may settle it:")
+		c.printCommands(w, r.Info.RunID, *p, "    ")
 	}
 }
 
