@@ -601,7 +601,7 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 		}
 	}
 	page.Pending = run.Verdict.Pending
-	page.Person = run.Status == seams.StatusAwaitingApproval || run.Status == seams.StatusAwaitingResolution
+	page.Person = report.AwaitsPerson(run.Status)
 	if h.o.Decide != nil {
 		page.Token = h.token
 		if p := run.Decidable(); p != nil {
