@@ -1,6 +1,8 @@
 package report
 
 import (
+	"fmt"
+	"io"
 	"regexp"
 	"strings"
 
@@ -91,6 +93,19 @@ func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCom
 	return []DecisionCommand{
 		{"approve", "polyloop-admin approve " + target + " [--note TEXT]" + edit},
 		{"reject", "polyloop-admin reject " + target + " [--note TEXT]"},
+	}
+}
+
+// WriteDecisionCommands writes cmds to w, one a line: indent, what the
+// command says and a colon, padded so that the commands line up, then the
+// command line as it is (a terminal's reader escapes it first).
+func WriteDecisionCommands(w io.Writer, indent string, cmds []DecisionCommand) {
+	width := 0
+	for _, cmd := range cmds {
+		width = max(width, len(cmd.Says))
+	}
+	for _, cmd := range cmds {
+		fmt.Fprintf(w, "%s%-*s %s\n", indent, width+1, cmd.Says+":", cmd.Line)
 	}
 }
 

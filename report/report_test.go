@@ -268,6 +268,26 @@ func TestDecisionCommands(t *testing.T) {
 	}
 }
 
+// TestWriteDecisionCommands: each command on a line of its own, indented,
+// the commands lined up after what they say.
+func TestWriteDecisionCommands(t *testing.T) {
+	for _, c := range []struct {
+		awaits events.Awaits
+		want   string
+	}{
+		{events.AwaitsApproval, "  approve: polyloop-admin approve s.db r c [--note TEXT]\n" +
+			"  reject:  polyloop-admin reject s.db r c [--note TEXT]\n"},
+		{events.AwaitsResolution, "  it ran:         polyloop-admin resolve s.db r c --executed --observation TEXT\n" +
+			"  it did not run: polyloop-admin resolve s.db r c --not-executed\n"},
+	} {
+		var got strings.Builder
+		report.WriteDecisionCommands(&got, "  ", report.DecisionCommands("s.db", "r", recovery.PendingCall{Call: "c", Awaits: c.awaits}))
+		if got.String() != c.want {
+			t.Errorf("%s:\n%s\nwant\n%s", c.awaits, got.String(), c.want)
+		}
+	}
+}
+
 // TestEnvErrorsAndStepTokens: the causes of env_error outcomes by step,
 // and each step's model usage (nil where none was reported).
 func TestEnvErrorsAndStepTokens(t *testing.T) {

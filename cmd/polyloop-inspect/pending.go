@@ -35,13 +35,10 @@ func (c *call) printPending(w io.Writer, runID string, p recovery.PendingCall, i
 // of runID, each line indented by indent.
 func (c *call) printCommands(w io.Writer, runID string, p recovery.PendingCall, indent string) {
 	cmds := report.DecisionCommands(stores.Describe(c.args[0]), runID, p)
-	width := 0
-	for _, cmd := range cmds {
-		width = max(width, len(cmd.Says))
+	for i := range cmds {
+		cmds[i].Line = escape(cmds[i].Line)
 	}
-	for _, cmd := range cmds {
-		fmt.Fprintf(w, "%s%-*s %s\n", indent, width+1, cmd.Says+":", escape(cmd.Line))
-	}
+	report.WriteDecisionCommands(w, indent, cmds)
 }
 
 // pendingOf is the call stream's run awaits a person for, nil when none.
