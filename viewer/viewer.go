@@ -50,7 +50,9 @@
 // Everything a run holds is untrusted model output and is escaped; pages
 // carry a Content-Security-Policy that allows no inline script. Without
 // Options.Decide the handler only reads (GET and HEAD; anything else is
-// 405).
+// 405); with it, it takes POST to /decide and /api/decide as well (any
+// other method, or path for POST, is 405, the Allow header naming the
+// path's methods).
 //
 // # Decisions
 //
@@ -111,6 +113,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -205,9 +208,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.StatusMisdirectedRequest)
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && (r.Method != http.MethodPost || h.o.Decide == nil) {
-		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "the viewer is read-only", http.StatusMethodNotAllowed)
+	if allow := h.methods(r.URL.Path); !slices.Contains(allow, r.Method) {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		why := "the viewer is read-only"
+		if h.o.Decide != nil {
+			why = "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"
+		}
+		http.Error(w, why, http.StatusMethodNotAllowed)
 		return
 	}
 	csp := "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'"
@@ -218,6 +225,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", csp)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	h.mux.ServeHTTP(w, r)
+}
+
+// methods are the methods the handler takes for path: POST alone for a
+// writer's /decide and /api/decide, GET and HEAD for every other path.
+func (h *handler) methods(path string) []string {
+	if h.o.Decide != nil && (path == "/decide" || path == "/api/decide") {
+		return []string{http.MethodPost}
+	}
+	return []string{http.MethodGet, http.MethodHead}
 }
 
 // filter reads the listing filters from the query.
