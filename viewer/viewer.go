@@ -31,7 +31,8 @@
 //	/api/events?run=ID        the events
 //	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
 //	/api/verify?run=ID        the verdict, and the call awaiting a person
-//	                          (pending: a recovery.PendingCall, or null)
+//	                          (pending: a report.PendingJSON, or null);
+//	                          from a writer, decide_token too
 //	/api/decisions?run=ID     the decisions, each with its step (the
 //	                          steps' JSON keeps the eighteen fields)
 //	/api/follow?run=ID        new events as server-sent events, from the
@@ -70,8 +71,14 @@
 //	POST /api/decide  {"token", "run_id", "call", "verdict", "note",
 //	                  "arguments" (a JSON object), "observation"}:
 //	                  the decision's event, or {"error": why} with 400
-//	                  (invalid), 403 (refused), 404 (no such run or call),
-//	                  409 (not pending, or already decided)
+//	                  (invalid), 403 (refused: no token, Options.By's
+//	                  refusal; in plain text, a request from another
+//	                  site), 404 (no such run or call),
+//	                  409 (not pending, already decided, the run driven
+//	                  meanwhile, or damaged), 500 (no name to record it
+//	                  by, or another failure of Decide: DecisionStatus);
+//	                  and 421 (in plain text), as on every route, for a
+//	                  host name the writer does not answer to (below)
 //
 // A decision must carry the handler's secret token (a hidden field of the
 // page's forms; decide_token in /api/verify), and a browser's request from

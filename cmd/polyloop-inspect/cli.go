@@ -122,9 +122,10 @@ Exits 1 when a listed run is corrupt.
 
 Prints every event of RUN: ULID, time, kind and a one-line summary (a
 decision: the call, the verdict, who, the note, edited arguments, the
-observation found), then the call the run awaits a person for, if any, with
-the polyloop-admin commands that decide it. With --json, one JSON object
-per line: id, time, kind, schema_version, payload.
+observation found), then — without --json or --follow — the call the run
+awaits a person for, if any, with the polyloop-admin commands that decide
+it. With --json, one JSON object per line: id, time, kind, schema_version,
+payload.
 With --follow, keeps printing events as they become durable until the run
 finishes (or Ctrl-C). A run not in the store is an error. While nobody
 drives the run (awaiting a worker, or interrupted) it says so once on
