@@ -77,8 +77,9 @@ func (c *call) verifyIn(s seams.RunReader) int {
 // every reason; for an unfinished run its status, where its log stops and
 // who drives it — and, for a run nobody holds, what Resume would do and the
 // side effect in doubt (a run a driver holds is in a call, not in doubt),
-// with the command that settles an action in doubt; for a run awaiting a
-// person, the pending call and the commands that decide it.
+// with the commands that settle an action in doubt (report.Run.Decidable);
+// for a run awaiting a person, the pending call and the commands that
+// decide it.
 func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 	w, id, v := c.stdout, clip(r.Info.RunID, 80), r.Verdict
 	defer func() {
