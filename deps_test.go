@@ -39,6 +39,11 @@ func store(p string) bool {
 	return false
 }
 
+// engine reports whether p is the engine or a package of it.
+func engine(p string) bool {
+	return p == module+"/engine" || strings.HasPrefix(p, module+"/engine/")
+}
+
 // TestImportRules: what each group of packages may not link, directly or
 // through another package (test files aside: go list -test=false).
 func TestImportRules(t *testing.T) {
@@ -53,6 +58,9 @@ func TestImportRules(t *testing.T) {
 		{"binaries link no test support", []string{"./cmd/...", "./examples/..."}, testSupport, "test support"},
 		// The engine reaches a store only through seams.RunStore.
 		{"the engine links no store", []string{"./engine"}, store, "a store or a store's database library"},
+		// The readers only read: a writer (the engine's Decide, say) is
+		// handed to them by whoever mounts them (polyloop-admin serve).
+		{"the readers link no engine", []string{"./report", "./viewer", "./cmd/polyloop-inspect"}, engine, "the engine"},
 	}
 	for _, r := range rules {
 		t.Run(r.name, func(t *testing.T) {
@@ -73,26 +81,29 @@ func TestImportRules(t *testing.T) {
 // one row each, on a small graph.
 func TestTheRulesSeeWhatTheyForbid(t *testing.T) {
 	for _, c := range []struct {
-		path          string
-		support, kind bool
+		path                  string
+		support, kind, engine bool
 	}{
-		{"testing", true, false},
-		{"pgregory.net/rapid", true, false},
-		{module + "/proptest", true, false},
-		{module + "/seams/seamstest", true, false},
-		{module + "/pgstore/pgtest", true, true},
-		{module + "/kv", false, true},
-		{module + "/kv/internal/boltformat", false, true},
-		{module + "/stores", false, true},
-		{"go.etcd.io/bbolt", false, true},
-		{"github.com/jackc/pgx/v5/pgxpool", false, true},
-		{module + "/seams", false, false},
-		{module + "/engine", false, false},
-		{"net/http/httptest", false, false},
-		{module + "/kvx", false, false},
+		{"testing", true, false, false},
+		{"pgregory.net/rapid", true, false, false},
+		{module + "/proptest", true, false, false},
+		{module + "/seams/seamstest", true, false, false},
+		{module + "/pgstore/pgtest", true, true, false},
+		{module + "/kv", false, true, false},
+		{module + "/kv/internal/boltformat", false, true, false},
+		{module + "/stores", false, true, false},
+		{"go.etcd.io/bbolt", false, true, false},
+		{"github.com/jackc/pgx/v5/pgxpool", false, true, false},
+		{module + "/seams", false, false, false},
+		{module + "/engine", false, false, true},
+		{module + "/engine/internal/x", false, false, true},
+		{module + "/engines", false, false, false},
+		{"net/http/httptest", false, false, false},
+		{module + "/kvx", false, false, false},
 	} {
-		if testSupport(c.path) != c.support || store(c.path) != c.kind {
-			t.Errorf("%s: test support %t, store %t; want %t, %t", c.path, testSupport(c.path), store(c.path), c.support, c.kind)
+		if testSupport(c.path) != c.support || store(c.path) != c.kind || engine(c.path) != c.engine {
+			t.Errorf("%s: test support %t, store %t, engine %t; want %t, %t, %t", c.path, testSupport(c.path), store(c.path), engine(c.path),
+				c.support, c.kind, c.engine)
 		}
 	}
 	graph := map[string][]string{"a": {"b", "c"}, "b": {"testing"}, "c": {"b", "d"}, "d": nil, "testing": nil}

@@ -29,7 +29,7 @@ func Status(info seams.RunInfo, v recovery.Verdict, err error, now time.Time) se
 	s := Live(info, now)
 	switch tail := v.State.Status(); {
 	case s == seams.StatusRunning:
-	case tail == seams.StatusInDoubt, tail == seams.StatusAwaitingApproval, tail == seams.StatusAwaitingResolution:
+	case tail != seams.StatusRunning: // in_doubt, awaiting_approval, awaiting_resolution
 		return tail
 	}
 	return s

@@ -1,6 +1,8 @@
 package report
 
 import (
+	"fmt"
+	"io"
 	"regexp"
 	"strings"
 
@@ -41,6 +43,27 @@ func AwaitsPerson(s seams.RunStatus) bool {
 	return s == seams.StatusAwaitingApproval || s == seams.StatusAwaitingResolution
 }
 
+// Decidable is the call of r a person may decide on now, nil when there
+// is none: the call r awaits a person for (its status awaiting_approval or
+// awaiting_resolution), or, when nobody drives r and its log leaves an
+// action in doubt (in_doubt), that action, as a call awaiting an
+// operator's finding (resolution) since a time not known. A finished,
+// corrupt or held run, one between steps, and a model call in doubt, which
+// no person resolves, have none.
+func (r Run) Decidable() *recovery.PendingCall {
+	v := r.Verdict
+	switch {
+	case r.Err != nil:
+	case AwaitsPerson(r.Status):
+		return v.Pending
+	case r.Status == seams.StatusInDoubt && v.InDoubt != nil && v.InDoubt.IntentKind == events.IntentAction:
+		in := v.InDoubt
+		return &recovery.PendingCall{Call: in.ResultID, Step: in.CallIndex, Awaits: events.AwaitsResolution, Tool: in.ToolName,
+			Arguments: in.Arguments, ArgumentsSchema: in.ArgumentsSchema, ReplayPolicy: in.ReplayPolicy}
+	}
+	return nil
+}
+
 // DecisionCommand is a polyloop-admin command line that decides a pending
 // call, and what it says of the call.
 type DecisionCommand struct {
@@ -73,12 +96,17 @@ func DecisionCommands(store, runID string, p recovery.PendingCall) []DecisionCom
 	}
 }
 
-// ResolveCommand is the polyloop-admin command line with which an
-// operator who knows whether the action call of runID, in doubt, ran
-// settles it (store as in DecisionCommands).
-func ResolveCommand(store, runID, call string) string {
-	return "polyloop-admin resolve " + strings.Join([]string{shellWord(store), shellWord(runID), shellWord(call)}, " ") +
-		" (--executed --observation TEXT | --not-executed)"
+// WriteDecisionCommands writes cmds to w, one a line: indent, what the
+// command says and a colon, padded so that the commands line up, then the
+// command line as it is (a terminal's reader escapes it first).
+func WriteDecisionCommands(w io.Writer, indent string, cmds []DecisionCommand) {
+	width := 0
+	for _, cmd := range cmds {
+		width = max(width, len(cmd.Says))
+	}
+	for _, cmd := range cmds {
+		fmt.Fprintf(w, "%s%-*s %s\n", indent, width+1, cmd.Says+":", cmd.Line)
+	}
 }
 
 var plainWord = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)

@@ -6,7 +6,9 @@
 // in words (Holder, Liveness), filters over listings, the JSON shapes
 // both print (the same names in `polyloop-inspect … --json` and the
 // viewer's endpoints; a run awaiting a person carries its pending call,
-// PendingJSON), and the Follower both follow a run with, which
+// PendingJSON), the call a person may decide now (Run.Decidable) and the
+// polyloop-admin lines that decide it (DecisionCommands), and the
+// Follower both follow a run with, which
 // says when nobody drives the run it follows. It reads through
 // seams.RunReader (and seams.RunDescriber where a store is one), never a
 // particular store.

@@ -237,8 +237,9 @@ func TestAPendingCallIsInTheJSON(t *testing.T) {
 }
 
 // TestDecisionCommands: the polyloop-admin lines that decide a pending
-// call — approve and reject, or resolve either way — and settle an action
-// in doubt, each word pasted into a shell as it is printed.
+// call — approve and reject, or resolve either way (an action awaiting a
+// finding, or in doubt: Run.Decidable) — each word pasted into a shell as
+// it is printed.
 func TestDecisionCommands(t *testing.T) {
 	approval := recovery.PendingCall{Call: "01CALL", Awaits: events.AwaitsApproval, Tool: "refund", ArgumentsSchema: `{"type":"object"}`}
 	resolution := recovery.PendingCall{Call: "01CALL", Awaits: events.AwaitsResolution, Tool: "refund"}
@@ -265,8 +266,25 @@ func TestDecisionCommands(t *testing.T) {
 			t.Errorf("%s %s:\n got %s\nwant %s", c.store, c.run, got.String(), c.want)
 		}
 	}
-	if got, want := report.ResolveCommand("/tmp/s.db", "r 1", "c"), "polyloop-admin resolve /tmp/s.db 'r 1' c (--executed --observation TEXT | --not-executed)"; got != want {
-		t.Errorf("ResolveCommand: %s, want %s", got, want)
+}
+
+// TestWriteDecisionCommands: each command on a line of its own, indented,
+// the commands lined up after what they say.
+func TestWriteDecisionCommands(t *testing.T) {
+	for _, c := range []struct {
+		awaits events.Awaits
+		want   string
+	}{
+		{events.AwaitsApproval, "  approve: polyloop-admin approve s.db r c [--note TEXT]\n" +
+			"  reject:  polyloop-admin reject s.db r c [--note TEXT]\n"},
+		{events.AwaitsResolution, "  it ran:         polyloop-admin resolve s.db r c --executed --observation TEXT\n" +
+			"  it did not run: polyloop-admin resolve s.db r c --not-executed\n"},
+	} {
+		var got strings.Builder
+		report.WriteDecisionCommands(&got, "  ", report.DecisionCommands("s.db", "r", recovery.PendingCall{Call: "c", Awaits: c.awaits}))
+		if got.String() != c.want {
+			t.Errorf("%s:\n%s\nwant\n%s", c.awaits, got.String(), c.want)
+		}
 	}
 }
 

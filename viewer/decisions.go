@@ -24,16 +24,6 @@ type decisionJSON struct {
 	Observation *string        `json:"observation"` // an operator's finding of executed: what they saw
 }
 
-// decisions are the stream's decisions in order, each with its step
-// (projections.RunLog's).
-func decisions(stream []events.Envelope) []projections.Decision {
-	var log projections.RunLog
-	for _, env := range stream {
-		log.Apply(env)
-	}
-	return log.Decisions
-}
-
 func toJSON(d projections.Decision) decisionJSON {
 	return decisionJSON{ID: d.ID.String(), Time: report.Stamp(d.At), Step: d.Step, Call: d.Call, Verdict: d.Verdict, By: d.By,
 		Note: d.Note, Arguments: d.Arguments, Observation: d.Observation}
@@ -45,7 +35,7 @@ func (h *handler) decisionsJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := []decisionJSON{}
-	for _, d := range decisions(stream) {
+	for _, d := range projections.Fold(stream).Decisions {
 		out = append(out, toJSON(d))
 	}
 	writeJSON(w, out)

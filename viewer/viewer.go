@@ -1,7 +1,8 @@
 // Package viewer is a web view of a store's runs: an http.Handler a
 // service mounts beside its agents, or that `polyloop-inspect serve`
-// serves from a file or a postgres:// URL. It only reads, unless mounted
-// to record people's decisions (see Decisions).
+// (read-only) and `polyloop-admin serve` (recording decisions) serve from
+// a file or a postgres:// URL. It only reads, unless mounted to record
+// people's decisions (see Decisions).
 //
 //	mux.Handle("/runs/", http.StripPrefix("/runs", viewer.New(store, viewer.Options{})))
 //
@@ -30,7 +31,8 @@
 //	/api/events?run=ID        the events
 //	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
 //	/api/verify?run=ID        the verdict, and the call awaiting a person
-//	                          (pending: a recovery.PendingCall, or null)
+//	                          (pending: a report.PendingJSON, or null);
+//	                          from a writer, decide_token too
 //	/api/decisions?run=ID     the decisions, each with its step (the
 //	                          steps' JSON keeps the eighteen fields)
 //	/api/follow?run=ID        new events as server-sent events, from the
@@ -49,7 +51,9 @@
 // Everything a run holds is untrusted model output and is escaped; pages
 // carry a Content-Security-Policy that allows no inline script. Without
 // Options.Decide the handler only reads (GET and HEAD; anything else is
-// 405).
+// 405); with it, it takes POST to /decide and /api/decide as well (any
+// other method, or path for POST, is 405, the Allow header naming the
+// path's methods).
 //
 // # Decisions
 //
@@ -67,8 +71,14 @@
 //	POST /api/decide  {"token", "run_id", "call", "verdict", "note",
 //	                  "arguments" (a JSON object), "observation"}:
 //	                  the decision's event, or {"error": why} with 400
-//	                  (invalid), 403 (refused), 404 (no such run or call),
-//	                  409 (not pending, or already decided)
+//	                  (invalid), 403 (refused: no token, Options.By's
+//	                  refusal; in plain text, a request from another
+//	                  site), 404 (no such run or call),
+//	                  409 (not pending, already decided, the run driven
+//	                  meanwhile, or damaged), 500 (no name to record it
+//	                  by, or another failure of Decide: DecisionStatus);
+//	                  and 421 (in plain text), as on every route, for a
+//	                  host name the writer does not answer to (below)
 //
 // A decision must carry the handler's secret token (a hidden field of the
 // page's forms; decide_token in /api/verify), and a browser's request from
@@ -110,6 +120,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -200,13 +211,17 @@ func New(store seams.RunReader, o Options) http.Handler {
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.o.Decide != nil && !h.hostAllowed(r.Host) {
 		// A rebound DNS name: its pages would read the token and decide.
-		http.Error(w, fmt.Sprintf("this viewer writes decisions and does not answer to host %q (viewer.Options.Hosts)", report.Clip(r.Host, 80)),
+		http.Error(w, fmt.Sprintf("this viewer writes decisions and does not answer to host %q (viewer.Options.Hosts; polyloop-admin serve --hosts)", report.Clip(r.Host, 80)),
 			http.StatusMisdirectedRequest)
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && (r.Method != http.MethodPost || h.o.Decide == nil) {
-		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "the viewer is read-only", http.StatusMethodNotAllowed)
+	if allow := h.methods(r.URL.Path); !slices.Contains(allow, r.Method) {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		why := "the viewer is read-only"
+		if h.o.Decide != nil {
+			why = "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"
+		}
+		http.Error(w, why, http.StatusMethodNotAllowed)
 		return
 	}
 	csp := "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'"
@@ -217,6 +232,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", csp)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	h.mux.ServeHTTP(w, r)
+}
+
+// methods are the methods the handler takes for path: POST alone for a
+// writer's /decide and /api/decide, GET and HEAD for every other path.
+func (h *handler) methods(path string) []string {
+	if h.o.Decide != nil && (path == "/decide" || path == "/api/decide") {
+		return []string{http.MethodPost}
+	}
+	return []string{http.MethodGet, http.MethodHead}
 }
 
 // filter reads the listing filters from the query.
@@ -525,8 +549,8 @@ type runPage struct {
 
 	// A viewer that writes decisions (Options.Decide) offers them for
 	// DecideCall, the call of a run nobody drives that awaits a person or
-	// whose action is in doubt: approval (approve, reject) or resolution
-	// (executed, not executed). Token is the handler's; Refused says why
+	// whose action is in doubt (report.Run.Decidable): approval (approve,
+	// reject) or resolution (executed, not executed). Token is the handler's; Refused says why
 	// a decision just posted was refused, and Form is what was posted.
 	DecideCall string
 	DecideKind events.Awaits
@@ -592,7 +616,7 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 		page.Steps = append(page.Steps, stepRow{StepRecord: s, Tokens: tokens[i], WallPct: int(s.StepWallMs * 100 / longest),
 			EnvError: causes[s.StepIdx]})
 	}
-	for _, d := range decisions(stream) {
+	for _, d := range log.Decisions {
 		if d.Step < len(page.Steps) {
 			page.Steps[d.Step].Decisions = append(page.Steps[d.Step].Decisions, d)
 		} else {
@@ -600,10 +624,12 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 		}
 	}
 	page.Pending = run.Verdict.Pending
-	page.Person = run.Status == seams.StatusAwaitingApproval || run.Status == seams.StatusAwaitingResolution
+	page.Person = report.AwaitsPerson(run.Status)
 	if h.o.Decide != nil {
 		page.Token = h.token
-		page.DecideCall, page.DecideKind = decidable(run)
+		if p := run.Decidable(); p != nil {
+			page.DecideCall, page.DecideKind = p.Call, p.Awaits
+		}
 	}
 	code := http.StatusOK
 	if refused != nil {

@@ -24,25 +24,6 @@ const maxDecisionBody = 3*events.MaxTextBytes + 64<<10
 // record decisions by.
 var errNoReviewer = errors.New("viewer: mounted to write decisions without naming who makes them (set Options.Reviewer or Options.By)")
 
-// decidable is the call of run a person may decide on now, and what kind
-// of decision: the call awaiting approval or resolution of a run nobody
-// drives, or the action left in doubt on one ("" when there is none: a
-// finished, corrupt or held run, or a model call in doubt, which no
-// person resolves).
-func decidable(run report.Run) (string, events.Awaits) {
-	v := run.Verdict
-	switch {
-	case run.Err != nil:
-	case run.Status == seams.StatusAwaitingApproval && v.Pending != nil:
-		return v.Pending.Call, events.AwaitsApproval
-	case run.Status == seams.StatusAwaitingResolution && v.Pending != nil:
-		return v.Pending.Call, events.AwaitsResolution
-	case run.Status == seams.StatusInDoubt && v.InDoubt != nil && v.InDoubt.IntentKind == events.IntentAction:
-		return v.InDoubt.ResultID, events.AwaitsResolution
-	}
-	return "", ""
-}
-
 // tokenOK reports whether token is the handler's.
 func (h *handler) tokenOK(token string) bool {
 	return subtle.ConstantTimeCompare([]byte(token), []byte(h.token)) == 1

@@ -518,6 +518,19 @@ func TestAWriterAnswersOnlyToItsHostNames(t *testing.T) {
 	if code := send(t, "evil.example:8080", http.MethodPost, "/api/decide", approve); code != http.StatusMisdirectedRequest {
 		t.Errorf("POST /api/decide for a rebound name: %d, want 421", code)
 	}
+	// The refusal says where the names are given: in Go, and on the
+	// command line.
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+	req.Host = "evil.example:8080"
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := `does not answer to host "evil.example:8080" (viewer.Options.Hosts; polyloop-admin serve --hosts)`; !strings.Contains(string(b), want) {
+			t.Errorf("the 421 says %q, want it to say %q", b, want)
+		}
+	}
 	if store.Transactions() != before {
 		t.Fatal("a rebound name's request wrote to the store")
 	}
@@ -544,5 +557,46 @@ func TestAWriterAnswersOnlyToItsHostNames(t *testing.T) {
 	srv = srv3
 	if code := send(t, "evil.example:8080", http.MethodGet, "/api/verify?run=wait", ""); code != http.StatusOK {
 		t.Errorf("a read-only viewer for any name: %d, want 200", code)
+	}
+}
+
+// TestAViewerSaysWhichMethodsItTakes: a method a viewer does not take is
+// refused 405, writing nothing, with what it takes: a read-only viewer GET
+// and HEAD; a writer GET and HEAD, and POST to /decide and /api/decide —
+// the Allow header naming the methods of the path asked for.
+func TestAViewerSaysWhichMethodsItTakes(t *testing.T) {
+	store, writer, _ := writerFixture(t)
+	readOnly := httptest.NewServer(viewer.New(store, viewer.Options{}))
+	defer readOnly.Close()
+	before := store.Transactions()
+	for _, c := range []struct {
+		srv          *httptest.Server
+		method, path string
+		allow, says  string
+	}{
+		{readOnly, http.MethodPut, "/", "GET, HEAD", "the viewer is read-only"},
+		{readOnly, http.MethodDelete, "/api/runs", "GET, HEAD", "the viewer is read-only"},
+		{readOnly, http.MethodPost, "/decide", "GET, HEAD", "the viewer is read-only"},
+		{writer, http.MethodPut, "/", "GET, HEAD", "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"},
+		{writer, http.MethodDelete, "/api/runs", "GET, HEAD", "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"},
+		{writer, http.MethodPut, "/api/decide", "POST", "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"},
+		{writer, http.MethodPatch, "/decide", "POST", "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"},
+		{writer, http.MethodPost, "/", "GET, HEAD", "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"},
+		{writer, http.MethodGet, "/api/decide", "POST", "this viewer takes GET and HEAD, and POST to /decide and /api/decide (a decision)"},
+	} {
+		req, _ := http.NewRequest(c.method, c.srv.URL+c.path, strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != c.allow || strings.TrimSpace(string(b)) != c.says {
+			t.Errorf("%s %s (writer %t): %d, Allow %q, %q; want 405, Allow %q, %q", c.method, c.path, c.srv == writer,
+				resp.StatusCode, resp.Header.Get("Allow"), strings.TrimSpace(string(b)), c.allow, c.says)
+		}
+	}
+	if store.Transactions() != before {
+		t.Fatal("a refused method wrote")
 	}
 }

@@ -24,8 +24,9 @@ const (
 )
 
 const usage = `polyloop-admin changes PolyLoop stores: cancels and resumes runs, records
-people's decisions on calls that await them, deletes runs, compacts files.
-(polyloop-inspect only reads.)
+people's decisions on calls that await them (from the command line or the
+run viewer's pages), deletes runs, compacts files. (polyloop-inspect only
+reads.)
 
 Usage:
   polyloop-admin cancel [--by NAME] STORE RUN...    cancel runs, whoever drives them
@@ -36,6 +37,8 @@ Usage:
                                                     reject it: it never runs, the model is told the note
   polyloop-admin resolve [--by NAME] [--note TEXT] (--executed --observation TEXT | --not-executed) STORE RUN CALL
                                                     say whether an action a crash left in doubt ran
+  polyloop-admin serve [--addr ADDR] [--hosts H,…] --by NAME STORE
+                                                    the run viewer, recording the decisions made on its pages by NAME
   polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
   polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
@@ -64,6 +67,20 @@ told) or not (--not-executed); either way it is not run again. The run
 goes on when its program resumes it, or at once with the workers of its
 agent.
 
+serve serves the run viewer over STORE until Ctrl-C (polyloop-inspect
+serve is the read-only one), listening on 127.0.0.1:8080 unless --addr
+says otherwise, and records the decisions made on its pages by NAME: a
+run awaiting approval gets approve (with a note, and edited arguments the
+tool's schema must accept) and reject buttons; an action awaiting a
+resolution, or left in doubt, on a run nobody drives gets resolve
+(executed, with what was seen; not executed). They are refused as approve,
+reject and resolve are; the buttons carry a secret token and requests from
+another site are refused. It answers only to localhost and loopback
+addresses unless --hosts names the others the pages are reached by (host
+or host:port, comma-separated); a request to any other name is refused
+(421), as a page whose DNS name was rebound to this address would be. A
+bbolt file is held for writing while it is served.
+
 A run being driven is never deleted; gc leaves damaged runs alone and
 names them. Exit status: 0 done, 1 a problem (a run refused — finished,
 unknown, held, not an agent's — or damaged; a decision refused — no such
@@ -88,6 +105,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	executed := fs.Bool("executed", false, "resolve: the action ran")
 	notExecuted := fs.Bool("not-executed", false, "resolve: the action did not run")
 	observation := fs.String("observation", "", "resolve --executed: what was seen of its effect")
+	addr := fs.String("addr", "127.0.0.1:8080", "serve: the address to listen on (loopback unless you say otherwise)")
+	hosts := fs.String("hosts", "", "serve: the host names (host or host:port, comma-separated) the pages are reached by (default: localhost and loopback addresses)")
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "polyloop-admin %s: "+format+"\n\n%s", append([]any{args[0]}, append(a, usage)...)...)
 		return exitUsage
@@ -96,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve":
+	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve", "serve":
 	default:
 		return bad("unknown command")
 	}
@@ -111,7 +130,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// One flag set serves the commands; each takes its own flags only.
 	own := map[string][]string{"delete": {"force"}, "gc": {"finished-before"}, "cancel": {"by"},
 		"approve": {"by", "note", "arguments"}, "reject": {"by", "note"},
-		"resolve": {"by", "note", "executed", "not-executed", "observation"}}[args[0]]
+		"resolve": {"by", "note", "executed", "not-executed", "observation"},
+		"serve":   {"by", "addr", "hosts"}}[args[0]]
 	var stray string
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
@@ -132,6 +152,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return bad("%v", err)
 		}
 	}
+	if args[0] == "serve" {
+		switch {
+		case len(pos) != 1:
+			return bad("want one STORE")
+		case *by == "":
+			// An audit record names a person: no guessed default.
+			return bad("--by NAME is needed: who the decisions made on the pages are recorded as")
+		}
+	}
 	if len(pos) > 0 && !stores.IsPostgres(pos[0]) {
 		// Opening creates a missing file: a mistyped path would be
 		// "cleaned" as an empty store.
@@ -149,6 +178,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer s.Close()
 		return decide(ctx, s, stores.Describe(pos[0]), args[0], d, stdout, stderr)
+	case "serve":
+		s, code := open(ctx, pos[0], stderr)
+		if s == nil {
+			return code
+		}
+		defer s.Close()
+		return serve(s, stores.Describe(pos[0]), *addr, *by, hostList(*hosts), stdout, stderr)
 	case "cancel", "resume":
 		if args[0] == "cancel" && *by == "" {
 			*by = operator()

@@ -77,13 +77,9 @@ func jsonObject(text string) error {
 // words, and makes the exit status 1. verb names the command in
 // messages; store names s.
 func decide(ctx context.Context, s seams.RunStore, store, verb string, d events.Decision, stdout, stderr io.Writer) int {
-	record := engine.Decide
-	if d.Verdict.Resolves() {
-		record = engine.Resolve
-	}
 	env, err := record(ctx, s, d)
 	if err != nil {
-		fmt.Fprintf(stderr, "polyloop-admin: %s: %s\n", verb, refusal(err, store, verb, d))
+		fmt.Fprintf(stderr, "polyloop-admin: %s: %s\n", verb, refusal(err, store, d))
 		return exitProblem
 	}
 	d = env.Event.(events.Decision) // as recorded: edited arguments as they run
@@ -117,6 +113,16 @@ func decide(ctx context.Context, s seams.RunStore, store, verb string, d events.
 	return exitOK
 }
 
+// record records d in s: an approval's answer (approved, rejected) by
+// engine.Decide, an operator's finding (executed, not executed) by
+// engine.Resolve.
+func record(ctx context.Context, s seams.RunStore, d events.Decision) (events.Envelope, error) {
+	if d.Verdict.Resolves() {
+		return engine.Resolve(ctx, s, d)
+	}
+	return engine.Decide(ctx, s, d)
+}
+
 // goesOn says who continues runID now that it waits for nobody: the
 // workers of its agent, to whom Decide handed it back, or whoever resumes
 // it.
@@ -143,10 +149,11 @@ func toolOf(ctx context.Context, s seams.RunStore, d events.Decision) string {
 }
 
 // refusal says in words why Decide or Resolve refused d (err): the run or
-// call is not there, the call does not await this decision or is decided
-// already, the decision is invalid, a driver holds the run, the log is
-// damaged.
-func refusal(err error, store, verb string, d events.Decision) string {
+// call is not there, the call does not await this decision (the engine's
+// reason: awaiting none, or another, completed, not an action) or is
+// decided already, the decision is invalid, a driver holds the run, the
+// log is damaged.
+func refusal(err error, store string, d events.Decision) string {
 	run, call := report.Clip(d.RunID, 80), report.Clip(d.ResultID, 80)
 	switch {
 	case errors.Is(err, engine.ErrRunNotFound):
@@ -154,10 +161,7 @@ func refusal(err error, store, verb string, d events.Decision) string {
 	case errors.Is(err, engine.ErrNoSuchCall):
 		return fmt.Sprintf("run %q has no call %q (polyloop-inspect verify STORE RUN names the call that waits)", run, call)
 	case errors.Is(err, engine.ErrNotPending):
-		if d.Verdict.Resolves() {
-			return fmt.Sprintf("call %q of run %q has no outcome in doubt to settle: %s", call, run, detail(err, engine.ErrNotPending))
-		}
-		return fmt.Sprintf("call %q of run %q awaits no approval: %s", call, run, detail(err, engine.ErrNotPending))
+		return fmt.Sprintf("call %q of run %q: %s", call, run, detail(err, engine.ErrNotPending))
 	case errors.Is(err, engine.ErrAlreadyDecided):
 		return fmt.Sprintf("call %q of run %q is decided already: %s", call, run, detail(err, engine.ErrAlreadyDecided))
 	case errors.Is(err, engine.ErrInvalidDecision):

@@ -1,5 +1,6 @@
 // Command polyloop-admin changes a PolyLoop store: it cancels and resumes
-// runs, records people's decisions on calls that await them, deletes runs
+// runs, records people's decisions on calls that await them (from the
+// command line, or from the run viewer's pages it serves), deletes runs
 // and compacts files. (polyloop-inspect only reads; the writing verbs live
 // here, in a command named for them.)
 //
@@ -11,6 +12,8 @@
 //	                                                      reject it: it never runs, the model is told the note (engine.Decide)
 //	polyloop-admin resolve [--by NAME] [--note TEXT] (--executed --observation TEXT | --not-executed) STORE RUN CALL
 //	                                                      an operator's finding on an action a crash left in doubt (engine.Resolve)
+//	polyloop-admin serve [--addr ADDR] [--hosts H,…] --by NAME STORE
+//	                                                      the run viewer, recording decisions made on its pages by NAME (viewer.Options.Decide)
 //	polyloop-admin delete [--force] STORE RUN...          delete finished runs (--force: unfinished too)
 //	polyloop-admin gc --finished-before 720h STORE        delete finished runs whose last event is older
 //	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
@@ -19,7 +22,8 @@
 // URL or a key=value string). cancel and resume need a store that keeps
 // cancel requests (seams.RunCanceller) and a queue of runs for workers
 // (seams.RunQueue); --by names who cancels or decides, user@host by
-// default. CALL is the id of the call that waits (polyloop-inspect verify
+// default but for serve, which needs it. serve answers only to localhost
+// and loopback addresses unless --hosts names others. CALL is the id of the call that waits (polyloop-inspect verify
 // STORE RUN names it). Exit status: 0 done, 1 a problem (a run or a
 // decision refused, the store unreadable or without what the command
 // needs), 2 bad usage.

@@ -27,8 +27,7 @@ const (
 // variable so tests can shorten it).
 var lockWait = 2 * time.Second
 
-const usage = `polyloop-inspect dumps and verifies PolyLoop event stores (read-only;
-serve --allow-decisions records people's decisions).
+const usage = `polyloop-inspect dumps and verifies PolyLoop event stores (read-only).
 
 STORE is a bbolt file or a PostgreSQL connection string: a postgres:// URL
 or a key=value string as libpq takes them (read in read-only transactions,
@@ -41,7 +40,7 @@ Usage:
   polyloop-inspect steps [--json] STORE RUN               a run's trajectory (StepRecord per step)
   polyloop-inspect verify [--json] STORE [RUN]            recovery's verdict for one or all runs
   polyloop-inspect export [--run RUN]... STORE            the steps of many runs as one JSON Lines table
-  polyloop-inspect serve [--addr ADDR] STORE              the run viewer in a browser (read-only unless --allow-decisions)
+  polyloop-inspect serve [--addr ADDR] STORE              the run viewer in a browser (read-only)
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
 Output goes to standard output, errors to standard error.
@@ -68,9 +67,6 @@ type call struct {
 	runs           multiFlag // export --run
 	follow         bool      // events --follow
 	addr           string    // serve --addr
-	allowDecisions bool      // serve --allow-decisions: the store opens for writing
-	by             string    // serve --by
-	hosts          string    // serve --hosts
 }
 
 // fail reports a problem on standard error and returns exitProblem.
@@ -126,9 +122,10 @@ Exits 1 when a listed run is corrupt.
 
 Prints every event of RUN: ULID, time, kind and a one-line summary (a
 decision: the call, the verdict, who, the note, edited arguments, the
-observation found), then the call the run awaits a person for, if any, with
-the polyloop-admin commands that decide it. With --json, one JSON object
-per line: id, time, kind, schema_version, payload.
+observation found), then — without --json or --follow — the call the run
+awaits a person for, if any, with the polyloop-admin commands that decide
+it. With --json, one JSON object per line: id, time, kind, schema_version,
+payload.
 With --follow, keeps printing events as they become durable until the run
 finishes (or Ctrl-C). A run not in the store is an error. While nobody
 drives the run (awaiting a worker, or interrupted) it says so once on
@@ -154,8 +151,9 @@ for a person: the pending call — tool, arguments, call id, since when — and
 the polyloop-admin commands that decide it); or corrupt, with every reason.
 For a run in doubt that nobody holds it lists each side effect whose outcome
 is unknown (step, kind, tool, result id, replay policy), what Resume would do
-with it, and, for an action, the polyloop-admin resolve command an operator
-who knows whether it ran may settle it with; env_error causes are shown.
+with it, and, for an action, the polyloop-admin resolve commands an
+operator who knows whether it ran may settle it with (it ran; it did not
+run); env_error causes are shown.
 Prints OK or the number of corrupt runs last; exits 1 when any run is
 corrupt or RUN is not in the store. With --json, one JSON object per run:
 run_id, verdict (finished, running, resumable, awaiting_approval,
@@ -164,22 +162,15 @@ in_doubt (plan and in_doubt null for a run a driver holds), pending (as runs
 --json gives it), problems, stop_reason, final_answer, env_errors, liveness
 (who drives it, in words), and the fields runs --json gives from agent on.
 `},
-	{name: "serve", min: 1, max: 1, flags: serveFlags, run: serveCommand, help: `Usage: polyloop-inspect serve [--addr 127.0.0.1:8080] [--allow-decisions --by NAME] STORE
+	{name: "serve", min: 1, max: 1, flags: serveFlags, run: serveCommand, help: `Usage: polyloop-inspect serve [--addr 127.0.0.1:8080] STORE
 
 Serves the run viewer over STORE until Ctrl-C: the runs page, a page per
 run with its step timeline, and JSON endpoints with the names --json
 prints (see package viewer). It listens on the loopback interface unless
 --addr says otherwise, and only reads. A bbolt file stays held while it is
-served; a PostgreSQL store is read live while agents write.
-
-With --allow-decisions --by NAME it also records decisions, by NAME: a run
-awaiting approval gets approve (with a note, and edited arguments the
-tool's schema must accept) and reject buttons; an action awaiting a
-resolution, or left in doubt, on a run nobody drives gets resolve
-(executed, with what was seen; not executed). They are engine.Decide and
-engine.Resolve, refused as those refuse; the buttons carry a secret token
-and requests from another site are refused. The store is opened for
-writing: a bbolt file no other process may hold meanwhile.
+served; a PostgreSQL store is read live while agents write. A run
+awaiting a person shows its pending call; polyloop-admin serve is the
+viewer whose pages also record the decisions.
 `},
 	{name: "export", min: 1, max: 1, flags: exportFlags, run: exportCommand, help: `Usage: polyloop-inspect export [--run RUN]... STORE
 
@@ -244,10 +235,9 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 
 // openStore opens a store file or a PostgreSQL connection string
 // read-only, waiting a bounded time for a bbolt file's writer. It reports a
-// failure itself, naming the store as stores.Describe does. (serve
-// --allow-decisions opens it for writing.)
+// failure itself, naming the store as stores.Describe does.
 func (c *call) openStore(target string) (stores.Store, bool) {
-	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: !c.allowDecisions, LockTimeout: lockWait})
+	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true, LockTimeout: lockWait})
 	switch {
 	case errors.Is(err, kv.ErrLocked):
 		c.fail("%s is held for writing: %v; stop the writer or retry", c.store(), escape(err.Error()))

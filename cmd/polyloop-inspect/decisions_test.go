@@ -140,15 +140,17 @@ func TestARunAwaitingAPersonIsShownWithItsCall(t *testing.T) {
 
 // TestAnActionInDoubtNamesTheCommandThatSettlesIt: verify of a run whose
 // action a crash left in doubt, that nobody drives, names the resolve
-// command; of a model call in doubt, which no operator settles, nothing.
+// commands, either finding; of a model call in doubt, which no operator
+// settles, nothing.
 func TestAnActionInDoubtNamesTheCommandThatSettlesIt(t *testing.T) {
 	mem := &seamstest.MemStore{}
 	sound := proptest.SoundStream("action")
 	proptest.AppendEach(t, mem, "action", sound[:4]) // the action's intent, no outcome
 	proptest.AppendEach(t, mem, "model", proptest.SoundStream("model")[:2])
 	for run, want := range map[string]string{
-		"action": "  an operator who knows whether it ran may settle it: polyloop-admin resolve " + stores.Describe("STORE") +
-			" action r0a (--executed --observation TEXT | --not-executed)\n",
+		"action": "  an operator who knows whether it ran may settle it:\n" +
+			"    it ran:         polyloop-admin resolve " + stores.Describe("STORE") + " action r0a --executed --observation TEXT\n" +
+			"    it did not run: polyloop-admin resolve " + stores.Describe("STORE") + " action r0a --not-executed\n",
 		"model": "",
 	} {
 		var out, errOut strings.Builder
@@ -186,5 +188,48 @@ func TestFollowSaysARunWaitsForAPerson(t *testing.T) {
 	want := "polyloop-inspect: run \"r\" is awaiting_approval: nobody drives it; it waits for a person's decision (approve or reject the pending call); still following\n"
 	if errOut.String() != want {
 		t.Fatalf("stderr %q, want %q", errOut.String(), want)
+	}
+}
+
+// TestFollowSaysWhatARunNobodyDrivesIs: events --follow of a run nobody
+// drives says its status as the listing does, from the events printed:
+// in_doubt when its tail leaves a side effect's outcome unknown (an
+// action's or a model call's), awaiting_resolution when an action in
+// doubt waits for an operator's finding, interrupted between steps.
+func TestFollowSaysWhatARunNobodyDrivesIs(t *testing.T) {
+	old := followPoll
+	followPoll = time.Millisecond
+	defer func() { followPoll = old }()
+	sound := proptest.SoundStream("r")
+	resolution := sound[3].(events.Intent)
+	resolution.Awaits = events.AwaitsResolution
+	for _, c := range []struct {
+		name   string
+		stream []events.Event
+		says   string
+	}{
+		{"an action in doubt", sound[:4], `run "r" is in_doubt: nobody drives it (its driver stopped); still following`},
+		{"a model call in doubt", sound[:2], `run "r" is in_doubt: nobody drives it (its driver stopped); still following`},
+		{"an action awaiting a finding", append(sound[:4:4], resolution),
+			`run "r" is awaiting_resolution: nobody drives it; it waits for an operator's finding on the action in doubt (executed or not); still following`},
+		{"between steps", sound[:5], `run "r" is interrupted: nobody drives it (its driver stopped); still following`},
+	} {
+		mem := &seamstest.MemStore{}
+		proptest.AppendEach(t, mem, "r", c.stream)
+		var out, errOut syncBuffer
+		cl := &call{stdout: &out, stderr: &errOut, args: []string{"STORE", "r"}}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		go func() {
+			done <- cl.followIn(ctx, mem, "r", func(env events.Envelope) { fmt.Fprintln(&out, env.Kind) })
+		}()
+		waitFor(t, &errOut, "\n")
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Fatalf("%s: exit %d", c.name, code)
+		}
+		if want := "polyloop-inspect: " + c.says + "\n"; errOut.String() != want {
+			t.Errorf("%s: stderr %q, want %q", c.name, errOut.String(), want)
+		}
 	}
 }

@@ -30,13 +30,13 @@ func (c *call) followRun(ctx context.Context, runID string, print func(env event
 }
 
 // followIn is followRun on an open store. A run the store does not hold is
-// an error. While nobody drives the run (awaiting, interrupted, or
-// awaiting a person's decision, as the events printed show) it says so on
-// standard error, once, and again when a driver takes the run; it goes on
-// following either way, since a worker, an operator or a person's
-// decision may continue it.
+// an error. While nobody drives the run it says so on standard error, with
+// its status as a listing gives it from the events printed (report.Status:
+// awaiting, interrupted, in_doubt, awaiting_approval, awaiting_resolution),
+// once, and again when a driver takes the run; it goes on following either
+// way, since a worker, an operator or a person's decision may continue it.
 func (c *call) followIn(ctx context.Context, s seams.RunReader, runID string, print func(env events.Envelope)) int {
-	var fold recovery.Fold // of the events printed: whether the run waits for a person
+	var fold recovery.Fold // of the events printed: where the run's tail stands
 	err := report.NewFollower(s, runID).Follow(ctx, followPoll, func(batch []events.Envelope) error {
 		for _, env := range batch {
 			fold.Apply(env.Event)
@@ -44,14 +44,9 @@ func (c *call) followIn(ctx context.Context, s seams.RunReader, runID string, pr
 		}
 		return nil
 	}, func(info seams.RunInfo) error {
-		status := info.Status
-		if p := fold.Pending(); p != nil && !status.Held() {
-			status = seams.StatusAwaitingApproval
-			if p.Awaits == events.AwaitsResolution {
-				status = seams.StatusAwaitingResolution
-			}
-		}
-		what := escape(report.Liveness(status, info, time.Now()))
+		now := time.Now()
+		status := report.Status(info, recovery.Verdict{State: fold.State()}, nil, now)
+		what := escape(report.Liveness(status, info, now))
 		if status.Held() {
 			fmt.Fprintf(c.stderr, "polyloop-inspect: run %q is running again: %s\n", clip(runID, 80), what)
 		} else {

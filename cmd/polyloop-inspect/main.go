@@ -1,12 +1,12 @@
 // Command polyloop-inspect dumps and verifies PolyLoop event stores without
-// writing to them (but for the decisions serve --allow-decisions records).
+// writing to them.
 //
 //	polyloop-inspect runs [--json] [filters] STORE          list runs, newest first
 //	polyloop-inspect events [--json] [--follow] STORE RUN   every event of a run
 //	polyloop-inspect steps [--json] STORE RUN               a run's trajectory
 //	polyloop-inspect verify [--json] STORE [RUN]            can each run be resumed? what does it wait for?
 //	polyloop-inspect export [--run RUN]... STORE            many runs' steps as JSON Lines
-//	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only unless --allow-decisions)
+//	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only)
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string), named in messages without its password

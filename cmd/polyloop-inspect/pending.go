@@ -28,22 +28,17 @@ func (c *call) printPending(w io.Writer, runID string, p recovery.PendingCall, i
 	if p.Arguments != "" {
 		fmt.Fprintf(w, "%s  arguments: %s\n", indent, clip(p.Arguments, 500))
 	}
-	cmds := report.DecisionCommands(stores.Describe(c.args[0]), runID, p)
-	width := 0
-	for _, cmd := range cmds {
-		width = max(width, len(cmd.Says))
-	}
-	for _, cmd := range cmds {
-		fmt.Fprintf(w, "%s  %-*s %s\n", indent, width+1, cmd.Says+":", escape(cmd.Line))
-	}
+	c.printCommands(w, runID, p, indent+"  ")
 }
 
-// printResolvable says how an operator who knows whether the action in
-// doubt in (nobody drives its run) ran may settle it, instead of what
-// Resume would do with it.
-func (c *call) printResolvable(w io.Writer, runID string, in events.Intent, indent string) {
-	fmt.Fprintf(w, "%san operator who knows whether it ran may settle it: %s\n",
-		indent, escape(report.ResolveCommand(stores.Describe(c.args[0]), runID, in.ResultID)))
+// printCommands prints the polyloop-admin commands that decide p, a call
+// of runID, each line indented by indent.
+func (c *call) printCommands(w io.Writer, runID string, p recovery.PendingCall, indent string) {
+	cmds := report.DecisionCommands(stores.Describe(c.args[0]), runID, p)
+	for i := range cmds {
+		cmds[i].Line = escape(cmds[i].Line)
+	}
+	report.WriteDecisionCommands(w, indent, cmds)
 }
 
 // pendingOf is the call stream's run awaits a person for, nil when none.

@@ -77,8 +77,9 @@ func (c *call) verifyIn(s seams.RunReader) int {
 // every reason; for an unfinished run its status, where its log stops and
 // who drives it — and, for a run nobody holds, what Resume would do and the
 // side effect in doubt (a run a driver holds is in a call, not in doubt),
-// with the command that settles an action in doubt; for a run awaiting a
-// person, the pending call and the commands that decide it.
+// with the commands that settle an action in doubt (report.Run.Decidable);
+// for a run awaiting a person, the pending call and the commands that
+// decide it.
 func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 	w, id, v := c.stdout, clip(r.Info.RunID, 80), r.Verdict
 	defer func() {
@@ -126,9 +127,11 @@ func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 		}
 		fmt.Fprintf(w, "  in doubt: step %d, %s, tool %s, result id %s, replay policy %s -> %s\n",
 			in.CallIndex, in.IntentKind, tool, escape(in.ResultID), in.ReplayPolicy, v.Plan.Describe())
-		if in.IntentKind == events.IntentAction {
-			c.printResolvable(w, r.Info.RunID, *in, "  ")
-		}
+	}
+	if p := r.Decidable(); p != nil {
+		// An action in doubt, instead of what Resume would do with it.
+		fmt.Fprintln(w, "  an operator who knows whether it ran may settle it:")
+		c.printCommands(w, r.Info.RunID, *p, "    ")
 	}
 }
 

@@ -160,14 +160,7 @@ func waits(out io.Writer, store, ledger string, a *engine.AwaitingError) {
 			fmt.Fprintf(out, "%s waits for a person's approval: %s %s (step %d, call %s), since %s.\n",
 				a.RunID, p.Tool, p.Arguments, p.Step, p.Call, report.Stamp(p.Since))
 		}
-		cmds := report.DecisionCommands(store, a.RunID, p)
-		width := 0
-		for _, cmd := range cmds {
-			width = max(width, len(cmd.Says))
-		}
-		for _, cmd := range cmds {
-			fmt.Fprintf(out, "  %-*s %s\n", width+1, cmd.Says+":", cmd.Line)
-		}
+		report.WriteDecisionCommands(out, "  ", report.DecisionCommands(store, a.RunID, p))
 	}
 	fmt.Fprintln(out, "Then run this program again: the run goes on.")
 }
