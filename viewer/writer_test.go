@@ -348,7 +348,7 @@ func TestARefusedDecisionSaysWhy(t *testing.T) {
 		{"a call not in the run", url.Values{"run": {"wait"}, "call": {"nope"}, "verdict": {"approved"}},
 			404, "no such call", "", 0, false},
 		{"a run not in the store", url.Values{"run": {"nope"}, "call": {"x"}, "verdict": {"approved"}},
-			404, "run not found", "", 404, true},
+			404, "no such run", "", 404, true},
 		{"an invalid run id", url.Values{"run": {"a\x00b"}, "call": {"x"}, "verdict": {"approved"}},
 			400, "invalid run id", "", 400, true},
 	} {

@@ -215,7 +215,7 @@ func TestARejectedRefundIsNeverMade(t *testing.T) {
 	if got := d.ledger(); len(got) != 0 {
 		t.Fatalf("a rejected refund was made: %+v", got)
 	}
-	if out := d.must(1, command(t, first, "approve")); !strings.Contains(out, `of run "refund-1": the action of step 1 has completed`) {
+	if out := d.must(1, command(t, first, "approve")); !strings.Contains(out, `is decided already: rejected by "bo" (the step has completed since)`) {
 		t.Fatalf("approve once the run went on:\n%s", out)
 	}
 }
