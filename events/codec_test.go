@@ -80,9 +80,9 @@ func TestWireEncodingIsFrozen(t *testing.T) {
 
 // TestEarlierSchemaValuesStillDecode: the values a 1.0 writer stored (no
 // checksum), a 1.1 writer stored (sealed, without the outcome's env_error)
-// a 1.2, a 1.3 and a 1.4 writer stored decode to the same records.
+// a 1.2, a 1.3, a 1.4 and a 1.5 writer stored decode to the same records.
 func TestEarlierSchemaValuesStillDecode(t *testing.T) {
-	for _, v := range []string{"1.0", "1.1", "1.2", "1.3", "1.4"} {
+	for _, v := range []string{"1.0", "1.1", "1.2", "1.3", "1.4", "1.5"} {
 		files, _ := filepath.Glob("testdata/wire-" + v + "/*.msgpack")
 		if len(files) != len(everyRecord()) {
 			t.Fatalf("%d %s golden values, want %d", len(files), v, len(everyRecord()))
@@ -691,5 +691,41 @@ func TestADecisionNamesWhatIsWrongWithIt(t *testing.T) {
 	}
 	if err := (events.Intent{RunID: "r", IntentKind: events.IntentModelCall, ResultID: "m", ReplayPolicy: events.ReplaySafe, Awaits: events.AwaitsApproval}).Validate(); err == nil {
 		t.Fatal("a model intent awaiting approval was accepted")
+	}
+}
+
+// TestAForkKeepsItsOrigin: a forked run's RunStarted (schema 1.6) keeps
+// where it came from, frozen on the wire and read back as written; a run
+// that is no fork stores no fork key, as 1.5 did; an origin no stream
+// could hold is refused naming its field.
+func TestAForkKeepsItsOrigin(t *testing.T) {
+	ev := events.RunStarted{RunID: "fork-1", ParameterSnapshot: map[string]string{"k": "v"}, SchemaVersion: events.CurrentSchemaVersion,
+		Fork: &events.ForkOrigin{Run: "run-1", Step: 3, LastKey: "01KB8Z7R6V0000000000000000", Differences: []string{`model.name: "a" at start, now "b"`}}}
+	b := sealed(t, ev)
+	env, err := events.Unmarshal("fork-1", goldenID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(env.Event, ev) {
+		t.Fatalf("read back %+v, want %+v", env.Event, ev)
+	}
+	golden(t, "wire-fork/run_started.msgpack", b)
+	ev.Fork = nil
+	if plain := sealed(t, ev); bytes.Contains(plain, []byte("fork")) {
+		t.Fatalf("a run that is no fork stores a fork key: %x", plain)
+	}
+	for _, c := range []struct {
+		origin events.ForkOrigin
+		want   string
+	}{
+		{events.ForkOrigin{Step: 1}, "fork.run is empty"},
+		{events.ForkOrigin{Run: "fork-1"}, "the run itself"},
+		{events.ForkOrigin{Run: "run-1", Step: -1}, "negative"},
+	} {
+		bad := ev
+		bad.Fork = &c.origin
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("origin %+v: %v, want an error saying %q", c.origin, err, c.want)
+		}
 	}
 }

@@ -77,6 +77,15 @@
 // not_executed; who made it is an opaque name, when is its envelope's time.
 // An intent that awaits nothing is encoded as 1.4 encoded it.
 //
+// # Schema 1.6
+//
+// 1.6 records forks: a run started from a verified prefix of another
+// carries RunStarted.Fork (the source run, the step forked at, the key of
+// the source's last event copied, the parameter differences). The copied
+// events follow its RunStarted, their payloads as the source stored them
+// — naming the source run — resealed under the fork's run id and keys.
+// A run that is no fork is encoded as 1.5 encoded it.
+//
 // Decoding first walks the value without recursion (a stack of counts),
 // proving every declared length is backed by bytes and that nothing nests
 // deeper than 32 levels, so a damaged value can neither make decoding

@@ -25,8 +25,8 @@ import (
 // which a step stores each text once (doc.go, "Schema 1.3"); 1.4 the agent
 // and input a run was started for (RunStarted.Agent, RunStarted.Input); 1.5
 // human decisions (Intent.Awaits, Intent.Arguments, Intent.ArgumentsSchema
-// and the Decision record).
-const CurrentSchemaVersion = "1.5"
+// and the Decision record); 1.6 forks (RunStarted.Fork).
+const CurrentSchemaVersion = "1.6"
 
 // currentMajor is the major of CurrentSchemaVersion.
 const currentMajor = 1

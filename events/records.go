@@ -259,6 +259,24 @@ type RunStarted struct {
 	// rebuilds its definition and request from the two.
 	Agent string `msgpack:"agent,omitempty" json:"agent,omitempty"`
 	Input []byte `msgpack:"input,omitempty" json:"input,omitempty"`
+	// Fork, for a run forked from another (schema 1.6), says where it came
+	// from; nil otherwise.
+	Fork *ForkOrigin `msgpack:"fork,omitempty" json:"fork,omitempty"`
+}
+
+// ForkOrigin is where a forked run came from: its source run, the step
+// it was forked at (the copied prefix is the source's steps 0..Step-1),
+// the key of the source's last event copied (empty when Step is 0 and
+// nothing was), and how the fork's parameters differ from the source's,
+// listed as Resume lists a refusal's ("key: "a" at start, now "b"") —
+// recorded, not refused. The copied events follow RunStarted in the
+// fork's stream, payloads as the source stored them (they name the
+// source run), under keys of the fork's own.
+type ForkOrigin struct {
+	Run         string   `msgpack:"run" json:"run"`
+	Step        int      `msgpack:"step" json:"step"`
+	LastKey     string   `msgpack:"last_key,omitempty" json:"last_key,omitempty"`
+	Differences []string `msgpack:"differences,omitempty" json:"differences,omitempty"`
 }
 
 // Intent is written, durably, before a side effect. ResultID is allocated
@@ -370,6 +388,18 @@ func (e RunStarted) Validate() error {
 	}
 	if n := len(e.Input); n > MaxTextBytes {
 		return fmt.Errorf("input is %d bytes, more than %d (events.MaxTextBytes)", n, MaxTextBytes)
+	}
+	if f := e.Fork; f != nil {
+		switch {
+		case f.Run == "":
+			return errors.New("fork.run is empty")
+		case f.Run == e.RunID:
+			return fmt.Errorf("fork.run is the run itself (%q)", e.RunID)
+		case f.Step < 0:
+			return fmt.Errorf("fork.step %d is negative", f.Step)
+		case len(f.Differences) > MaxItems:
+			return fmt.Errorf("fork.differences has %d entries, more than %d (events.MaxItems)", len(f.Differences), MaxItems)
+		}
 	}
 	return checkVersion("schema_version", e.SchemaVersion)
 }
