@@ -699,10 +699,10 @@ func TestADecisionNamesWhatIsWrongWithIt(t *testing.T) {
 // that is no fork stores no fork key, as 1.5 did; an origin no stream
 // could hold is refused naming its field.
 func TestAForkKeepsItsOrigin(t *testing.T) {
-	ev := events.RunStarted{RunID: "fork-1", ParameterSnapshot: map[string]string{"k": "v"}, SchemaVersion: events.CurrentSchemaVersion,
-		Fork: &events.ForkOrigin{Run: "run-1", Step: 3, LastKey: "01KB8Z7R6V0000000000000000", Differences: []string{`model.name: "a" at start, now "b"`}}}
+	ev := events.RunStarted{RunID: "run-1", ParameterSnapshot: map[string]string{"k": "v"}, SchemaVersion: events.CurrentSchemaVersion,
+		Fork: &events.ForkOrigin{Run: "source-1", Step: 3, LastKey: "01KB8Z7R6V0000000000000000", Differences: []string{`model.name: "a" at start, now "b"`}}}
 	b := sealed(t, ev)
-	env, err := events.Unmarshal("fork-1", goldenID, b)
+	env, err := events.Unmarshal("run-1", goldenID, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -719,8 +719,8 @@ func TestAForkKeepsItsOrigin(t *testing.T) {
 		want   string
 	}{
 		{events.ForkOrigin{Step: 1}, "fork.run is empty"},
-		{events.ForkOrigin{Run: "fork-1"}, "the run itself"},
-		{events.ForkOrigin{Run: "run-1", Step: -1}, "negative"},
+		{events.ForkOrigin{Run: "run-1"}, "the run itself"},
+		{events.ForkOrigin{Run: "source-1", Step: -1}, "negative"},
 	} {
 		bad := ev
 		bad.Fork = &c.origin
