@@ -277,6 +277,30 @@ type ForkOrigin struct {
 	Step        int      `msgpack:"step" json:"step"`
 	LastKey     string   `msgpack:"last_key,omitempty" json:"last_key,omitempty"`
 	Differences []string `msgpack:"differences,omitempty" json:"differences,omitempty"`
+	// Ancestry is, for a fork of a fork, the runs whose events the copied
+	// prefix holds before Run's own, oldest first: the prefix's steps
+	// below Ancestry[0].Steps name Ancestry[0].Run, those below
+	// Ancestry[1].Steps name Ancestry[1].Run, and so on; the rest, below
+	// Step, name Run.
+	Ancestry []Ancestor `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`
+}
+
+// Ancestor is a run whose events a fork's copied prefix holds: those of
+// the steps below Steps not claimed by an earlier ancestor.
+type Ancestor struct {
+	Run   string `msgpack:"run" json:"run"`
+	Steps int    `msgpack:"steps" json:"steps"`
+}
+
+// RunOfStep is the run whose events the copied prefix holds for step s
+// (below Step): the first ancestor whose Steps is above s, or Run.
+func (f ForkOrigin) RunOfStep(s int) string {
+	for _, a := range f.Ancestry {
+		if s < a.Steps {
+			return a.Run
+		}
+	}
+	return f.Run
 }
 
 // Intent is written, durably, before a side effect. ResultID is allocated
@@ -399,6 +423,13 @@ func (e RunStarted) Validate() error {
 			return fmt.Errorf("fork.step %d is negative", f.Step)
 		case len(f.Differences) > MaxItems:
 			return fmt.Errorf("fork.differences has %d entries, more than %d (events.MaxItems)", len(f.Differences), MaxItems)
+		case len(f.Ancestry) > MaxItems:
+			return fmt.Errorf("fork.ancestry has %d entries, more than %d (events.MaxItems)", len(f.Ancestry), MaxItems)
+		}
+		for i, a := range f.Ancestry {
+			if a.Run == "" || a.Steps <= 0 || a.Steps > f.Step || i > 0 && a.Steps <= f.Ancestry[i-1].Steps {
+				return fmt.Errorf("fork.ancestry[%d] (%q below step %d) is not a run of increasing steps below fork.step %d", i, a.Run, a.Steps, f.Step)
+			}
 		}
 	}
 	return checkVersion("schema_version", e.SchemaVersion)

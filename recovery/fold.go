@@ -21,6 +21,10 @@ type Fold struct {
 	// doubt await an operator's finding (engine.Request.AwaitResolution,
 	// the snapshot's await_resolution) rather than end the run.
 	AwaitResolution bool
+	// Fork is where a forked run came from (RunStarted.Fork), nil for a
+	// run that is no fork. Its first Fork.Step steps are the source's,
+	// copied.
+	Fork *events.ForkOrigin
 	// Steps are the step records in stream order. A Result shares them.
 	Steps []events.StepRecord
 	// Usage sums the replies' token usage (failed calls report none).
@@ -57,6 +61,7 @@ func (f *Fold) Apply(ev events.Event) {
 	case events.RunStarted:
 		f.Started = true
 		f.AwaitResolution = ev.ParameterSnapshot[AwaitResolutionKey] == "true"
+		f.Fork = ev.Fork
 	case events.Intent:
 		if ev.IntentKind == events.IntentModelCall {
 			f.Current = Step{Model: &ev}
@@ -81,6 +86,10 @@ func (f *Fold) Apply(ev events.Event) {
 		}
 	}
 }
+
+// Copying reports whether the fold is inside the prefix a fork copied from
+// its source: a forked run whose copied steps are not all folded yet.
+func (f *Fold) Copying() bool { return f.Fork != nil && len(f.Steps) < f.Fork.Step }
 
 // State is the recovery table's row for the tail.
 func (f *Fold) State() State {

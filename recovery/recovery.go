@@ -3,6 +3,7 @@ package recovery
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -226,8 +227,13 @@ func (c *Classifier) Verdict(loadErr error) (Verdict, error) {
 	if loadErr != nil {
 		return Verdict{}, damaged(c.runID, loadErr, c.reasons)
 	}
-	if len(c.reasons) > 0 {
-		return Verdict{}, &CorruptError{RunID: c.runID, Reasons: c.reasons}
+	reasons := c.reasons
+	if c.fold.Copying() {
+		reasons = append(slices.Clip(reasons), fmt.Sprintf("the fork's log ends inside the prefix it copied from %q: %d of %d steps",
+			c.fold.Fork.Run, len(c.fold.Steps), c.fold.Fork.Step))
+	}
+	if len(reasons) > 0 {
+		return Verdict{}, &CorruptError{RunID: c.runID, Reasons: reasons}
 	}
 	f := &c.fold
 	v := Verdict{RunID: c.runID, Step: len(f.Steps), State: f.State(), InDoubt: f.InDoubt(), Plan: f.Plan(), steps: f.Steps}
@@ -299,8 +305,16 @@ func (c *Classifier) Apply(env events.Envelope) {
 		c.bad(i, env, "no event")
 		return
 	}
-	if id := events.RunIDOf(env.Event); id != c.runID {
-		c.bad(i, env, "belongs to run %q, not %q", id, c.runID)
+	switch id := events.RunIDOf(env.Event); {
+	case i == 0 || !c.fold.Copying():
+		if id != c.runID {
+			c.bad(i, env, "belongs to run %q, not %q", id, c.runID)
+		}
+	case id != c.fold.Fork.RunOfStep(len(c.fold.Steps)):
+		// The prefix a fork copied is its source's (and, for a fork of a
+		// fork, its ancestors'), payloads as stored.
+		c.bad(i, env, "belongs to run %q, inside the prefix copied from %q: step %d is %q's", id, c.fold.Fork.Run,
+			len(c.fold.Steps), c.fold.Fork.RunOfStep(len(c.fold.Steps)))
 	}
 	if err := env.Event.Validate(); err != nil {
 		c.bad(i, env, "invalid record: %v", err)

@@ -2,6 +2,7 @@ package seamstest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -166,4 +167,62 @@ func (m *MemStore) DeleteRun(ctx context.Context, runID string, force bool) erro
 	delete(m.streams, runID)
 	delete(m.queue, runID)
 	return nil
+}
+
+// ForkRun implements seams.RunForker.
+func (m *MemStore) ForkRun(ctx context.Context, runID string, started events.RunStarted, source string, through ulid.ULID, n int) ([]events.Envelope, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, id := range []string{runID, source} {
+		if err := seams.ValidRunID(id); err != nil {
+			return nil, err
+		}
+	}
+	val, err := events.Marshal(started)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.streams[runID]) > 0 {
+		return nil, fmt.Errorf("memstore: fork %q: %w", runID, seams.ErrRunExists)
+	}
+	src := m.streams[source]
+	if len(src) == 0 {
+		return nil, fmt.Errorf("memstore: fork %q from %q: %w", runID, source, seams.ErrNoRun)
+	}
+	copied := 0
+	if through != (ulid.ULID{}) {
+		copied = slices.IndexFunc(src, func(s stored) bool { return s.env.ID == through })
+	}
+	if copied < 0 || copied != n {
+		return nil, fmt.Errorf("memstore: fork %q from %q: %d events up to %s, want %d: %w", runID, source, copied, through, n, seams.ErrForkPrefix)
+	}
+	if m.streams == nil {
+		m.streams = map[string][]stored{}
+	}
+	now, tail := time.Now(), ulid.ULID{}
+	out := make([]stored, 0, 1+n)
+	for i, s := range append([]stored{{env: events.Envelope{Kind: started.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: started}, val: val}}, src[1:1+n]...) {
+		tail = m.ids.NextAfter(now, tail)
+		v := s.val
+		if i > 0 {
+			v = slices.Clone(v)
+		}
+		if err := events.Seal(v, runID, tail); err != nil {
+			return nil, err
+		}
+		env := s.env
+		env.ID = tail
+		out = append(out, stored{env: env, val: v})
+	}
+	m.streams[runID] = out
+	m.noteQueue(runID, []events.Event{started})
+	m.appends++
+	envs := make([]events.Envelope, len(out))
+	for i, s := range out {
+		envs[i] = s.env
+	}
+	return envs, nil
 }
