@@ -290,7 +290,7 @@ func RunForkerContract(t *testing.T, open func(t *testing.T) ForkStore, values S
 	// reply must know the fork's: the prefix's, not the source's now.
 	t.Run("AStepAfterTheForkSeesThePrefixsLatestReply", func(t *testing.T) {
 		s := open(t)
-		mustAppend(t, s, "src", forkSource("src")...)
+		mustAppend(t, s, "src", forkSource("src")[:8]...) // its latest reply step 1's
 		source := mustLoad(t, s, "src")
 		for _, c := range []struct {
 			name string
@@ -340,7 +340,7 @@ func forkSource(runID string) []events.Event {
 	stream := LongReplyStream(runID)
 	mr, sc := stream[6].(events.ModelCallResult), stream[7].(events.StepCompleted)
 	reply := *mr.Reply
-	reply.Content = "call nope, " + strings.Repeat("because the listing said so; ", 8)
+	reply.Content = "call nope, " + strings.Repeat("because the listing said so; ", 40)
 	mr.Reply = &reply
 	sc.Step.RawOutput, sc.Step.ContentChars = reply.Content, len([]rune(reply.Content))
 	stream[6], stream[7] = mr, sc
