@@ -260,6 +260,9 @@ func RunForkerContract(t *testing.T, open func(t *testing.T) ForkStore, values S
 		// engine.Fork does.
 		release := lockedRun(t, s, "f")
 		got := mustFork(t, s, "f", forkStart("f", "src", 2, source[7].ID), "src", source[7].ID, 7)
+		if info := listedRun(t, s, "f"); info.Owner == "" || info.Status != seams.StatusRunning {
+			t.Errorf("the fork its driver reserved is listed %s, held by %q, want running, held", info.Status, info.Owner)
+		}
 		if v, err := recovery.Classify("f", mustLoad(t, s, "f")); err != nil || v.Step != 2 {
 			t.Fatalf("the fork classifies at step %d (%v), want 2, sound", v.Step, err)
 		}
