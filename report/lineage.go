@@ -186,19 +186,24 @@ func linkForks(runs []Run, never map[string][]int) {
 	}
 }
 
-// Origin is a fork's origin in words: "forked from RUN at step K", then
-// "(after RUN2's steps 0–1, …)" for a fork of a fork's ancestry. clip
-// makes each run id safe and short for the reader's medium.
+// Origin is a fork's origin in words: "forked from RUN at step K", then,
+// for a fork of a fork, where the copied steps first ran: "(step 0 first
+// ran in RUN0, steps 1–2 in RUN1)". clip makes each run id safe and short
+// for the reader's medium.
 func Origin(o events.ForkOrigin, clip func(string) string) string {
 	s := fmt.Sprintf("forked from %s at step %d", clip(o.Run), o.Step)
 	if len(o.Ancestry) > 0 {
 		var parts []string
 		from := 0
 		for _, a := range o.Ancestry {
-			parts = append(parts, fmt.Sprintf("%s from %s", stepRange(from, a.Steps), clip(a.Run)))
+			if from == 0 {
+				parts = append(parts, fmt.Sprintf("%s first ran in %s", stepRange(from, a.Steps), clip(a.Run)))
+			} else {
+				parts = append(parts, fmt.Sprintf("%s in %s", stepRange(from, a.Steps), clip(a.Run)))
+			}
 			from = a.Steps
 		}
-		s += " (copied " + strings.Join(parts, ", ") + ")"
+		s += " (" + strings.Join(parts, ", ") + ")"
 	}
 	return s
 }

@@ -194,7 +194,7 @@ func TestLineageInWords(t *testing.T) {
 		{events.ForkOrigin{Run: "a", Step: 1}, &zero, "forked from <a> at step 1", "step 0 is copied from <a>", ""},
 		{events.ForkOrigin{Run: "a", Step: 3}, nil, "forked from <a> at step 3", "steps 0–2 are copied from <a>", ""},
 		{events.ForkOrigin{Run: "b", Step: 4, Ancestry: []events.Ancestor{{Run: "r", Steps: 1}, {Run: "a", Steps: 3}}}, &two,
-			"forked from <b> at step 4 (copied step 0 from <r>, steps 1–2 from <a>)", "steps 0–3 are copied from <b>",
+			"forked from <b> at step 4 (step 0 first ran in <r>, steps 1–2 in <a>)", "steps 0–3 are copied from <b>",
 			"the source executed 2 never actions at step 4 and after (not seen by this fork)"},
 	} {
 		l := report.Lineage{ForkedFrom: &c.o, SourceNeverActions: c.unseen}
