@@ -13,6 +13,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 	"github.com/polyloop/polyloop/stores"
@@ -147,5 +148,33 @@ func TestVerifyJSONCarriesLineage(t *testing.T) {
 			string(v.Unseen) != c.unseen || string(v.Forks) != c.forks {
 			t.Errorf("%s: forked_from %+v, unseen %s, forks %s; want %q@%d, %s, %s", c.run, v.ForkedFrom, v.Unseen, v.Forks, c.from, c.step, c.unseen, c.forks)
 		}
+	}
+}
+
+// TestFirstEventOnAFile: on a bbolt file (a seams.RunScanner) a run's
+// first event is read by a scan stopped after it: every run's is its
+// RunStarted, and a run not in the store has none.
+func TestFirstEventOnAFile(t *testing.T) {
+	path := fixtureStore(t)
+	s, err := stores.Open(context.Background(), path, stores.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.(seams.RunScanner); !ok {
+		t.Fatalf("%T is no RunScanner: the test would not read one event", s)
+	}
+	infos, err := s.Runs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range infos {
+		env, ok, err := report.FirstEvent(context.Background(), s, info.RunID)
+		if rs, isStart := env.Event.(events.RunStarted); err != nil || !ok || !isStart || rs.RunID != info.RunID {
+			t.Errorf("%s: %+v %t %v", info.RunID, env, ok, err)
+		}
+	}
+	if _, ok, err := report.FirstEvent(context.Background(), s, "no-such-run"); ok || err != nil {
+		t.Errorf("a run not in the store: %t %v", ok, err)
 	}
 }
