@@ -6,7 +6,8 @@
 // in words (Holder, Liveness), filters over listings, the JSON shapes
 // both print (the same names in `polyloop-inspect … --json` and the
 // viewer's endpoints; a run awaiting a person carries its pending call,
-// PendingJSON), the call a person may decide now (Run.Decidable) and the
+// PendingJSON; every run its Lineage — the run it was forked from, and
+// the runs forked from it, FindForks reading each run's first event), the call a person may decide now (Run.Decidable) and the
 // polyloop-admin lines that decide it (DecisionCommands), and the
 // Follower both follow a run with, which
 // says when nobody drives the run it follows. It reads through
@@ -41,6 +42,10 @@ type Run struct {
 	Err     error // why the run is corrupt
 	Usage   events.UsageTotals
 	Now     time.Time // when it was classified: the moment its liveness is of
+	// Lineage is where the run was forked from (its RunStarted's, as
+	// Classify folds it) and, once a listing (List) or a reader (Trace)
+	// looked, the runs forked from it.
+	Lineage Lineage
 }
 
 // Classify is the run whose listing entry is info, from its loaded
@@ -62,7 +67,9 @@ func Classify(info seams.RunInfo, stream []events.Envelope, loadErr error) Run {
 		c.Apply(env)
 	}
 	v, err := c.Verdict(loadErr)
-	return Classified(info, v, err, c.Fold().Usage)
+	r := Classified(info, v, err, c.Fold().Usage)
+	r.Lineage.ForkedFrom = c.Fold().Fork
+	return r
 }
 
 // Classified is Classify for a caller that has classified and folded the
@@ -80,20 +87,27 @@ func (r Run) Holder() string { return Holder(r.Status, r.Info, r.Now) }
 func (r Run) Liveness() string { return Liveness(r.Status, r.Info, r.Now) }
 
 // List is every run of the store, newest first (by first event; ties by
-// run id), classified.
+// run id), classified, with its lineage: the streams it loads say which
+// runs are forks of which, and what each source did from each step on,
+// so a listing's lineage costs no further read.
 func List(ctx context.Context, s seams.RunReader) ([]Run, error) {
 	infos, err := Newest(ctx, s)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Run, 0, len(infos))
+	never := map[string][]int{}
 	for _, info := range infos {
 		stream, err := s.Load(ctx, info.RunID)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if err == nil {
+			never[info.RunID] = neverFrom(stream)
+		}
 		out = append(out, Classify(info, stream, err))
 	}
+	linkForks(out, never)
 	return out, nil
 }
 
@@ -232,13 +246,14 @@ type RunJSON struct {
 	Usage       events.UsageTotals `json:"usage"`
 	Pending     *PendingJSON       `json:"pending"` // the call awaiting a person, if any
 	LivenessJSON
+	Lineage
 }
 
 // JSON is r's listing JSON.
 func (r Run) JSON() RunJSON {
 	j := RunJSON{RunID: r.Info.RunID, Status: r.Status, Steps: r.Info.Steps, Events: r.Info.Events, Usage: r.Usage,
 		Started: stampOrNil(r.Info.FirstEvent), LastEvent: stampOrNil(r.Info.LastEvent), Pending: PendingOf(r.Verdict.Pending),
-		LivenessJSON: LivenessOf(r.Info)}
+		LivenessJSON: LivenessOf(r.Info), Lineage: r.Lineage}
 	if r.Info.StopReason != "" {
 		reason := r.Info.StopReason
 		j.StopReason = &reason
@@ -270,6 +285,7 @@ type VerdictJSON struct {
 	EnvErrors   []EnvError         `json:"env_errors"`
 	Liveness    *string            `json:"liveness"` // who drives an unfinished run, in words (Liveness)
 	LivenessJSON
+	Lineage // as far as the caller traced it (Trace)
 }
 
 // InDoubtJSON is a side effect whose outcome is unknown.
@@ -327,7 +343,7 @@ func verdictOf(status seams.RunStatus) string {
 func Verdict(r Run, stream []events.Envelope) VerdictJSON {
 	v := r.Verdict
 	j := VerdictJSON{RunID: r.Info.RunID, Status: r.Status, Verdict: verdictOf(r.Status), EnvErrors: EnvErrors(stream),
-		LivenessJSON: LivenessOf(r.Info)}
+		LivenessJSON: LivenessOf(r.Info), Lineage: r.Lineage}
 	if r.Err != nil {
 		j.Problems = Problems(r.Err)
 		return j

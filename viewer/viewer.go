@@ -11,7 +11,8 @@
 // when a driver stops or takes it):
 //
 //	/                 the runs, newest first: status, agent, holder, stop
-//	                  reason, steps, tokens, started, last event;
+//	                  reason, steps, tokens, started, last event, and for
+//	                  a fork the run it was forked from and the step;
 //	                  filterable (?status=, ?stop_reason=, ?since=, ?limit=)
 //	/run?id=ID        a run: above all, the call it awaits a person's
 //	                  decision on, if any (what it awaits — approval or
@@ -23,15 +24,24 @@
 //	                  action, tool, status, prompt size, tokens, wall time
 //	                  as a bar, the observation expandable), each decision
 //	                  a row below its step's: who, verdict, when, note,
-//	                  edited arguments, observation
+//	                  edited arguments, observation; its lineage: "forked
+//	                  from RUN at step K" (a link), which steps are
+//	                  copied, the parameter differences and the never
+//	                  actions the source executed from step K on, which
+//	                  the fork does not see; and the runs forked from it
+//	                  (links) — finding them reads the first event of
+//	                  every run of the store
 //
 // JSON, with the names polyloop-inspect prints with --json:
 //
-//	/api/runs                 the runs (same filters)
+//	/api/runs                 the runs (same filters), each with its
+//	                          lineage (forked_from,
+//	                          source_never_actions_after, forks)
 //	/api/events?run=ID        the events
 //	/api/steps?run=ID         the StepRecords (exactly their eighteen fields)
 //	/api/verify?run=ID        the verdict, and the call awaiting a person
-//	                          (pending: a report.PendingJSON, or null);
+//	                          (pending: a report.PendingJSON, or null),
+//	                          and the run's lineage (report.Lineage);
 //	                          from a writer, decide_token too
 //	/api/decisions?run=ID     the decisions, each with its step (the
 //	                          steps' JSON keeps the eighteen fields)
@@ -388,7 +398,27 @@ func (h *handler) verifyJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run := report.Classify(info, stream, loadErr)
+	if !h.trace(w, r, &run) {
+		return
+	}
 	writeJSON(w, verdictJSON{VerdictJSON: report.Verdict(run, stream), DecideToken: h.token})
+}
+
+// trace completes run's lineage (report.Trace): its forks, found by
+// reading the first event of every run of the store (report.FindForks),
+// and for a fork, what its source executed that it does not see. It
+// answers a store failure itself.
+func (h *handler) trace(w http.ResponseWriter, r *http.Request, run *report.Run) bool {
+	infos, err := h.store.Runs(r.Context())
+	if err == nil {
+		var forks report.Forks
+		if forks, err = report.FindForks(r.Context(), h.store, infos); err == nil {
+			report.Trace(r.Context(), h.store, run, forks)
+			return true
+		}
+	}
+	http.Error(w, "the store cannot be read: "+err.Error(), http.StatusInternalServerError)
+	return false
 }
 
 // describe is the run's entry as the store lists it, with its holder
@@ -546,6 +576,12 @@ type runPage struct {
 	Person  bool
 	// Deciding are the decisions on the step in progress.
 	Deciding []projections.Decision
+	// Lineage is where the run was forked from and its forks
+	// (report.Trace); Copied and Unseen are report.Copied's and
+	// Lineage.Unseen's words.
+	Lineage report.Lineage
+	Copied  string
+	Unseen  string
 
 	// A viewer that writes decisions (Options.Decide) offers them for
 	// DecideCall, the call of a run nobody drives that awaits a person or
@@ -599,8 +635,14 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 	}
 	log := projections.Fold(stream)
 	run := report.Classify(info, stream, loadErr)
+	if !h.trace(w, r, &run) {
+		return
+	}
 	page := runPage{RunID: id, Run: run, Verdict: report.Verdict(run, stream), Finished: log.Finished != nil,
-		Live: report.Live(run.Info, run.Now), Holder: run.Holder()}
+		Live: report.Live(run.Info, run.Now), Holder: run.Holder(), Lineage: run.Lineage, Unseen: run.Lineage.Unseen()}
+	if o := run.Lineage.ForkedFrom; o != nil {
+		page.Copied = report.Copied(*o, func(id string) string { return id })
+	}
 	page.FollowURL = "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}, "live": {string(page.Live)}}.Encode()
 	causes := map[int]string{}
 	for _, e := range page.Verdict.EnvErrors { // worked out once, by report.Verdict

@@ -42,6 +42,8 @@ Usage:
   polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
   polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
+  polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
+                                                    fork a polyloop-demo run at STEP onto the new run NEWID
 
 STORE is a bbolt file or a PostgreSQL connection string (a postgres:// URL
 or a key=value string; a password in it is never printed).
@@ -81,6 +83,20 @@ or host:port, comma-separated); a request to any other name is refused
 (421), as a page whose DNS name was rebound to this address would be. A
 bbolt file is held for writing while it is served.
 
+fork starts NEWID from SOURCE's first STEP steps (0 up to the steps it
+completed), copied — nothing in them runs again — under polyloop-demo's
+agent (its tools, parser and prompt), its model replying the --reply
+texts in order from step STEP on (polyloop-demo's script when none is
+given). The fork's first event says where it came from and how its
+parameters differ from the source's (recorded, not refused);
+polyloop-inspect and the viewer show "forked from SOURCE at step STEP".
+The source's never actions at STEP and after (a payment, a mail) happened
+in the world; the fork's model does not see them, and nothing undoes them.
+A fork is refused, writing nothing, when STEP is beyond the source's
+completed steps, NEWID exists, SOURCE is not in the store or is corrupt,
+or the store does not fork runs. Runs of another agent are forked with
+engine.Fork in the program that can rebuild their definition.
+
 A run being driven is never deleted; gc leaves damaged runs alone and
 names them. Exit status: 0 done, 1 a problem (a run refused — finished,
 unknown, held, not an agent's — or damaged; a decision refused — no such
@@ -107,6 +123,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	observation := fs.String("observation", "", "resolve --executed: what was seen of its effect")
 	addr := fs.String("addr", "127.0.0.1:8080", "serve: the address to listen on (loopback unless you say otherwise)")
 	hosts := fs.String("hosts", "", "serve: the host names (host or host:port, comma-separated) the pages are reached by (default: localhost and loopback addresses)")
+	var replies multiFlag
+	fs.Var(&replies, "reply", "fork: the model's reply from step STEP on (repeatable, in order)")
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "polyloop-admin %s: "+format+"\n\n%s", append([]any{args[0]}, append(a, usage)...)...)
 		return exitUsage
@@ -115,7 +133,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve", "serve":
+	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve", "serve", "fork":
 	default:
 		return bad("unknown command")
 	}
@@ -131,7 +149,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	own := map[string][]string{"delete": {"force"}, "gc": {"finished-before"}, "cancel": {"by"},
 		"approve": {"by", "note", "arguments"}, "reject": {"by", "note"},
 		"resolve": {"by", "note", "executed", "not-executed", "observation"},
-		"serve":   {"by", "addr", "hosts"}}[args[0]]
+		"serve":   {"by", "addr", "hosts"}, "fork": {"reply"}}[args[0]]
 	var stray string
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
@@ -161,6 +179,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return bad("--by NAME is needed: who the decisions made on the pages are recorded as")
 		}
 	}
+	step := 0
+	if args[0] == "fork" {
+		if len(pos) != 4 {
+			return bad("want STORE SOURCE STEP NEWID")
+		}
+		if step, err = forkStep(pos[2]); err != nil {
+			return bad("%v", err)
+		}
+	}
 	if len(pos) > 0 && !stores.IsPostgres(pos[0]) {
 		// Opening creates a missing file: a mistyped path would be
 		// "cleaned" as an empty store.
@@ -178,6 +205,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer s.Close()
 		return decide(ctx, s, stores.Describe(pos[0]), args[0], d, stdout, stderr)
+	case "fork":
+		s, code := open(ctx, pos[0], stderr)
+		if s == nil {
+			return code
+		}
+		defer s.Close()
+		return forkRun(ctx, s, stores.Describe(pos[0]), pos[1], step, pos[3], replies, stdout, stderr)
 	case "serve":
 		s, code := open(ctx, pos[0], stderr)
 		if s == nil {

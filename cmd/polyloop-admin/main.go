@@ -1,7 +1,7 @@
 // Command polyloop-admin changes a PolyLoop store: it cancels and resumes
 // runs, records people's decisions on calls that await them (from the
-// command line, or from the run viewer's pages it serves), deletes runs
-// and compacts files. (polyloop-inspect only reads; the writing verbs live
+// command line, or from the run viewer's pages it serves), forks demo
+// runs, deletes runs and compacts files. (polyloop-inspect only reads; the writing verbs live
 // here, in a command named for them.)
 //
 //	polyloop-admin cancel [--by NAME] STORE RUN...        cancel runs, whoever drives them (engine.Cancel)
@@ -17,6 +17,8 @@
 //	polyloop-admin delete [--force] STORE RUN...          delete finished runs (--force: unfinished too)
 //	polyloop-admin gc --finished-before 720h STORE        delete finished runs whose last event is older
 //	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
+//	polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
+//	                                                      fork a polyloop-demo run at STEP onto NEWID (engine.Fork), its model replying TEXT from STEP on
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string). cancel and resume need a store that keeps

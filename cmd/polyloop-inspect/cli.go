@@ -43,6 +43,10 @@ Usage:
   polyloop-inspect serve [--addr ADDR] STORE              the run viewer in a browser (read-only)
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
+A forked run (engine.Fork: a new run from another's first K steps, under
+another model, prompt or parser) says where it came from, and a source
+names its forks, in runs, verify, steps, events and the viewer. Forking
+writes, so it is not here: polyloop-admin fork.
 Output goes to standard output, errors to standard error.
 Exit status (every command): 0 all well, 1 a problem found (a corrupt run, a
 run not in the store, a store that cannot be read), 2 bad usage.
@@ -89,7 +93,8 @@ id, status, steps, tokens, the agent a worker pool runs it for, when it
 started, and a finished run's stop reason, the call a run awaiting a person
 waits on ("TOOL call ID"), or who holds an unfinished one: "W until T" (the
 driver W, its lease until T), "lease of W ran out at T" (W died or stopped),
-"-" (never held, or given back). Times are UTC, without the date on the day
+"-" (never held, or given back); a forked run adds "; forked from RUN@K"
+(the source, the step it was forked at). Times are UTC, without the date on the day
 of the listing. Status is one of
   finished             the run ended (see stop reason)
   running              a live driver holds it (whatever its log's tail shows)
@@ -107,8 +112,11 @@ stop_reason, started, last_event, final_answer, usage (the run's token
 counts), pending (the call a run awaits a person for: call, step, awaits,
 tool, arguments, arguments_schema, replay_policy, since), agent, owner (the
 driver that holds or last held it), lease_expires, failures, last_error,
-retry_at (a worker pool's retries), cancel_requested ({by, at}); null where
-absent.
+retry_at (a worker pool's retries), cancel_requested ({by, at}),
+forked_from (a fork's origin: run, step, last_key, differences, ancestry),
+source_never_actions_after (the never actions the source executed at that
+step and after, which the fork does not see), forks ([{run, step}], the
+runs forked from this one); null where absent.
 
 Filters:
   --status S        only runs with status S (repeatable: any of them)
@@ -124,8 +132,9 @@ Prints every event of RUN: ULID, time, kind and a one-line summary (a
 decision: the call, the verdict, who, the note, edited arguments, the
 observation found), then — without --json or --follow — the call the run
 awaits a person for, if any, with the polyloop-admin commands that decide
-it. With --json, one JSON object per line: id, time, kind, schema_version,
-payload.
+it, and the run's lineage (as verify gives it). With --json, one JSON
+object per line: id, time, kind, schema_version, payload (a fork's
+run_started payload has its fork: run, step, last_key, differences).
 With --follow, keeps printing events as they become durable until the run
 finishes (or Ctrl-C). A run not in the store is an error. While nobody
 drives the run (awaiting a worker, or interrupted) it says so once on
@@ -136,8 +145,10 @@ no other process holds it (mount the viewer in the agent's process).
 	{name: "steps", min: 2, max: 2, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
 Prints RUN's trajectory as a table, then the run's usage, the cause of
-each env_error, by step, and the call the run awaits a person for, if any.
-With --json, JSON Lines with exactly the eighteen StepRecord fields
+each env_error, by step, the call the run awaits a person for, if any, and
+its lineage (as verify gives it). A fork's trajectory is its own, its
+first K steps (those below the step it was forked at) copied from the
+source. With --json, JSON Lines with exactly the eighteen StepRecord fields
 (absent values are null), readable as is by a data-frame library; for many
 runs in one table, see export.
 `},
@@ -153,14 +164,22 @@ For a run in doubt that nobody holds it lists each side effect whose outcome
 is unknown (step, kind, tool, result id, replay policy), what Resume would do
 with it, and, for an action, the polyloop-admin resolve commands an
 operator who knows whether it ran may settle it with (it ran; it did not
-run); env_error causes are shown.
+run); env_error causes are shown. Then the run's lineage: for a fork,
+"forked from RUN at step K", which steps are copied, how its parameters
+differ from the source's, and "the source executed N never actions at
+step K and after (not seen by this fork)" when it did — those actions
+(a payment, a mail) happened in the world; the fork's model does not see
+them, and nothing in the fork undoes them; for a run forked from, "forks:
+RUN@K, …". Finding a run's forks reads the first event of every run of
+the store.
 Prints OK or the number of corrupt runs last; exits 1 when any run is
 corrupt or RUN is not in the store. With --json, one JSON object per run:
 run_id, verdict (finished, running, resumable, awaiting_approval,
 awaiting_resolution, corrupt), status, state, step, plan, plan_text,
 in_doubt (plan and in_doubt null for a run a driver holds), pending (as runs
 --json gives it), problems, stop_reason, final_answer, env_errors, liveness
-(who drives it, in words), and the fields runs --json gives from agent on.
+(who drives it, in words), and the fields runs --json gives from agent on
+(forked_from, source_never_actions_after and forks included).
 `},
 	{name: "serve", min: 1, max: 1, flags: serveFlags, run: serveCommand, help: `Usage: polyloop-inspect serve [--addr 127.0.0.1:8080] STORE
 
@@ -180,6 +199,13 @@ for a data-frame library (pandas.read_json(path, lines=True)). Runs come
 oldest first, or in the order of the --run flags; steps in order. A corrupt
 run, or one not in the store, is reported on standard error and left out
 (exit status 1).
+A forked run exports its own trajectory, the steps copied from its source
+included, with its own run_id: its rows whose step_idx is below the step it
+was forked at (forked_from.step in verify --json, and in its run_started
+event) are the source's steps, copied; the rest are its own. The rows keep
+the eighteen fields, so nothing in a row marks a copied step. The source's
+never actions at that step and after happened in the world and are in the
+source's rows only; the fork's model did not see them.
 `},
 }
 

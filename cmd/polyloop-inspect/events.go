@@ -9,6 +9,7 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
 )
 
 func eventsFlags(fs *flag.FlagSet, c *call) {
@@ -30,7 +31,18 @@ func eventsCommand(c *call) int {
 			fmt.Fprintf(w, "%s  %s  %-17s  %s\n", env.ID, stamp(env.Time()), env.Kind, summary(env.Event))
 		})
 	}
-	stream, ok := c.loadRun(c.args[0], c.args[1])
+	s, ok := c.openStore(c.args[0])
+	if !ok {
+		return exitProblem
+	}
+	defer s.Close()
+	return c.eventsIn(s, c.args[1])
+}
+
+// eventsIn prints the events of run runID of an open store.
+func (c *call) eventsIn(s seams.RunReader, runID string) int {
+	w := c.stdout
+	stream, ok := c.load(s, runID)
 	if !ok {
 		return exitProblem
 	}
@@ -48,10 +60,15 @@ func eventsCommand(c *call) int {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", env.ID, stamp(env.Time()), env.Kind, summary(env.Event))
 	}
 	tw.Flush()
-	if p := pendingOf(c.args[1], stream); p != nil {
+	if p := pendingOf(runID, stream); p != nil {
 		fmt.Fprintln(w, "the run waits for a person:")
-		c.printPending(w, c.args[1], *p, "  ")
+		c.printPending(w, runID, *p, "  ")
 	}
+	forks, ok := c.forksIn(s)
+	if !ok {
+		return exitProblem
+	}
+	printLineage(w, lineageOf(s, runID, stream, forks), "")
 	return exitOK
 }
 
@@ -59,7 +76,11 @@ func eventsCommand(c *call) int {
 func summary(ev events.Event) string {
 	switch e := ev.(type) {
 	case events.RunStarted:
-		return fmt.Sprintf("run %s, %d parameters", escape(e.RunID), len(e.ParameterSnapshot))
+		s := fmt.Sprintf("run %s, %d parameters", escape(e.RunID), len(e.ParameterSnapshot))
+		if o := e.Fork; o != nil {
+			s += ", " + report.Origin(*o, func(id string) string { return clip(id, 40) })
+		}
+		return s
 	case events.Intent:
 		s := fmt.Sprintf("%s step %d, result %s, policy %s", e.IntentKind, e.CallIndex, escape(e.ResultID), e.ReplayPolicy)
 		if e.ToolName != "" {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/seams"
 )
 
 func exportFlags(fs *flag.FlagSet, c *call) {
@@ -23,6 +24,11 @@ func exportCommand(c *call) int {
 		return exitProblem
 	}
 	defer s.Close()
+	return c.exportIn(s)
+}
+
+// exportIn exports the runs of an open store.
+func (c *call) exportIn(s seams.RunReader) int {
 	ids := []string(c.runs)
 	if len(ids) == 0 {
 		infos, ok := c.oldestFirst(s)

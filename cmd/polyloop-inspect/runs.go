@@ -132,8 +132,18 @@ func (c *call) runsOf(s seams.RunReader) int {
 // unfinished one (report.Holder: "W until T", "lease of W ran out at T"),
 // "-" for a run nobody holds or held (the status says which) and for a
 // corrupt one. Only one ever applies, so one column keeps a line within
-// 120 columns.
+// 120 columns. A fork's adds where it came from: "; forked from RUN@K"
+// (the source's id clipped to 24 runes; --json has it whole).
 func detail(r report.Run) string {
+	d := state(r)
+	if o := r.Lineage.ForkedFrom; o != nil {
+		d += fmt.Sprintf("; forked from %s@%d", clip(o.Run, 24), o.Step)
+	}
+	return d
+}
+
+// state is detail but for a fork's origin.
+func state(r report.Run) string {
 	if r.Info.StopReason != "" && r.Status == seams.StatusFinished {
 		return string(r.Info.StopReason)
 	}

@@ -8,10 +8,21 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/seams"
 )
 
 func stepsCommand(c *call) int {
-	stream, ok := c.loadRun(c.args[0], c.args[1])
+	s, ok := c.openStore(c.args[0])
+	if !ok {
+		return exitProblem
+	}
+	defer s.Close()
+	return c.stepsIn(s, c.args[1])
+}
+
+// stepsIn prints the trajectory of run runID of an open store.
+func (c *call) stepsIn(s seams.RunReader, runID string) int {
+	stream, ok := c.load(s, runID)
 	if !ok {
 		return exitProblem
 	}
@@ -56,9 +67,14 @@ func stepsCommand(c *call) int {
 	for _, e := range report.EnvErrors(stream) {
 		fmt.Fprintf(w, "step %d env_error: %s\n", e.Step, clip(e.Cause, 200))
 	}
-	if p := pendingOf(c.args[1], stream); p != nil {
+	if p := pendingOf(runID, stream); p != nil {
 		fmt.Fprintf(w, "step %d waits for a person:\n", p.Step)
-		c.printPending(w, c.args[1], *p, "  ")
+		c.printPending(w, runID, *p, "  ")
 	}
+	forks, ok := c.forksIn(s)
+	if !ok {
+		return exitProblem
+	}
+	printLineage(w, lineageOf(s, runID, stream, forks), "")
 	return exitOK
 }

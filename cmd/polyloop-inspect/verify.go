@@ -41,6 +41,10 @@ func (c *call) verifyIn(s seams.RunReader) int {
 			return exitProblem
 		}
 	}
+	forks, ok := c.forksIn(s)
+	if !ok {
+		return exitProblem
+	}
 	enc := json.NewEncoder(c.stdout)
 	enc.SetEscapeHTML(false)
 	corrupt := 0
@@ -50,6 +54,7 @@ func (c *call) verifyIn(s seams.RunReader) int {
 			return c.fail("no run %q in %s", clip(info.RunID, 80), c.store())
 		}
 		r := report.Classify(info, stream, err)
+		report.Trace(ctx, s, &r, forks)
 		if r.Err != nil {
 			corrupt++
 		}
@@ -57,6 +62,7 @@ func (c *call) verifyIn(s seams.RunReader) int {
 			enc.Encode(report.Verdict(r, stream))
 		} else {
 			printVerdict(c, r, stream)
+			printLineage(c.stdout, r.Lineage, "  ")
 		}
 	}
 	if c.json {
@@ -133,16 +139,6 @@ func printVerdict(c *call, r report.Run, stream []events.Envelope) {
 		fmt.Fprintln(w, "  an operator who knows whether it ran may settle it:")
 		c.printCommands(w, r.Info.RunID, *p, "    ")
 	}
-}
-
-// loadRun opens the store and loads one run, reporting a failure itself.
-func (c *call) loadRun(target, runID string) ([]events.Envelope, bool) {
-	s, ok := c.openStore(target)
-	if !ok {
-		return nil, false
-	}
-	defer s.Close()
-	return c.load(s, runID)
 }
 
 func (c *call) load(s seams.RunReader, runID string) ([]events.Envelope, bool) {
