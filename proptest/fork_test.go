@@ -51,6 +51,32 @@ func forkingKinds(t *testing.T, stores *storeFactory) []string {
 	return kinds
 }
 
+// drawForkScenario is drawScenario, half the time made to go on longer —
+// more turns that keep a run going (safe, never and tool-less actions),
+// budgets of 12 steps and actions, no prompt budget — so that forks have
+// long prefixes to copy and forks of forks have prefixes of prefixes.
+func drawForkScenario(t *rapid.T) scenario {
+	s := drawScenario(t)
+	if !rapid.Bool().Draw(t, "longer") {
+		return s
+	}
+	for i := len(s.turns); i < 12; i++ {
+		var content string
+		switch rapid.SampledFrom([]string{"safe-tool", "never-tool", "toolless"}).Draw(t, fmt.Sprint("turn_", i)) {
+		case "safe-tool":
+			content = fmt.Sprintf(`TOOL count {"dir":"d%d"}`, i)
+		case "never-tool":
+			content = fmt.Sprintf(`TOOL pay {"amount":%d}`, i)
+		default:
+			content = fmt.Sprintf("ACTION: step %d", i)
+		}
+		s.turns = append(s.turns, seamstest.Turn{Reply: events.ModelReply{CallID: fmt.Sprintf("call-%d", i), Content: content}})
+		s.outcomes = append(s.outcomes, rapid.SampledFrom([]string{"ok", "ok", "ok", "error"}).Draw(t, fmt.Sprint("outcome_", i)))
+	}
+	s.budget.MaxSteps, s.budget.MaxActions, s.budget.MaxPromptChars = 12, 12, 100_000
+	return s
+}
+
 // toolLedger is the tools' side of a run (or of the processes of one
 // run): every action the executor is handed, written down before it
 // runs. Each is attributed to the turn of the script whose reply asked
@@ -144,7 +170,7 @@ func checkRanOnlyFrom(t *rapid.T, what string, l *toolLedger, k int) {
 		case turn < 0:
 			t.Fatalf("%s ran an action no reply of its script asked for", what)
 		case turn < k:
-			t.Fatalf("%s at step %d ran the action of turn %d, a copied step", what, k, turn)
+			t.Fatalf("%s ran the action of turn %d, a step it copied (it forked at %d)", what, turn, k)
 		case runs[turn] > 1 && !l.safe[turn]:
 			t.Fatalf("%s ran the never action of turn %d %d times", what, turn, runs[turn])
 		}
@@ -236,6 +262,7 @@ func callsFrom(m *seamstest.Model, k int) (before int, after map[int]int) {
 var forkStats struct {
 	sync.Mutex
 	runs, forks, forksOfForks, diverged map[string]int // by store kind
+	steps                               map[int]int    // generated runs by their steps
 	live, midStep                       int            // racing forks taken while the source ran; of them, with a step in flight
 	crashPoints, notCopied, unknown     int
 }
@@ -262,9 +289,10 @@ func TestPropertyAForkRetracesItsSource(t *testing.T) {
 	stores := newStoreFactory(t)
 	kinds := forkingKinds(t, stores)
 	forkStats.runs, forkStats.forks, forkStats.forksOfForks, forkStats.diverged = map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
+	forkStats.steps = map[int]int{}
 	rapid.Check(t, func(t *rapid.T) {
-		s := drawScenario(t)
-		other := drawScenario(t) // only its turns and outcomes are used
+		s := drawForkScenario(t)
+		other := drawForkScenario(t) // only its turns and outcomes are used
 		kind := rapid.SampledFrom(kinds).Draw(t, "store")
 		store, closeStore := stores.open(t, kind)
 		defer closeStore()
@@ -274,20 +302,29 @@ func TestPropertyAForkRetracesItsSource(t *testing.T) {
 		if err != nil {
 			t.Fatalf("source run: %v", err)
 		}
-		stored(t, store, "src", want)
+		// logs: the finished logs of the source and its forks under the
+		// same replies, each read once, to hold their forks to.
+		logs := map[string][]events.Envelope{"src": stored(t, store, "src", want)}
+		finished := func(runID string) []events.Envelope {
+			if logs[runID] == nil {
+				logs[runID] = stored(t, store, runID, want)
+			}
+			return logs[runID]
+		}
 		checkRanOnlyFrom(t, "the source", src.tools, 0)
 		srcRan := src.tools.ran()
 		n := len(want.Steps)
 
 		// retraces forks the run parent at k under the source's replies
-		// and holds the fork to the source.
+		// and holds the fork to the source. A parent is the source or a
+		// fork of it under the same replies: its result is want.
 		retraces := func(parent, runID string, k int) {
 			f := s.on(store, runID, s.turns, s.outcomes, nil)
 			got, err := engine.Fork(ctx, f.def, f.req, parent, k)
 			if err != nil {
 				t.Fatalf("fork %s of %s at %d: %v", runID, parent, k, err)
 			}
-			stored(t, store, runID, got)
+			checkCopied(t, runID, parent, k, finished(parent), stored(t, store, runID, got))
 			if !sameResult(got, want) {
 				t.Fatalf("fork %s of %s at %d fed the same replies: %s after %d steps, the source %s after %d",
 					runID, parent, k, got.StopReason, len(got.Steps), want.StopReason, len(want.Steps))
@@ -316,7 +353,7 @@ func TestPropertyAForkRetracesItsSource(t *testing.T) {
 			if err != nil {
 				t.Fatalf("fork %s of %s at %d under other replies: %v", runID, parent, k, err)
 			}
-			stored(t, store, runID, got)
+			checkCopied(t, runID, parent, k, finished(parent), stored(t, store, runID, got))
 			if len(got.Steps) < k || !proptest.SameSteps(got.Steps[:k], want.Steps[:k]) {
 				t.Fatalf("fork %s of %s at %d under other replies: its first %d steps are not the source's", runID, parent, k, k)
 			}
@@ -346,14 +383,15 @@ func TestPropertyAForkRetracesItsSource(t *testing.T) {
 		diverges(parent, fmt.Sprintf("other-%d-%d", k1, k2), k2)
 		countFork(func() {
 			forkStats.runs[kind]++
+			forkStats.steps[n]++
 			forkStats.forks[kind] += 2 * (n + 1)
 			forkStats.forksOfForks[kind] += n + 2
 		})
 	})
 	forkStats.Lock()
 	defer forkStats.Unlock()
-	t.Logf("generated runs %v; forks of them %v (%v under other replies that changed the trajectory); forks of forks %v",
-		forkStats.runs, forkStats.forks, forkStats.diverged, forkStats.forksOfForks)
+	t.Logf("generated runs %v, by their steps %v; forks of them %v (%v under other replies that changed the trajectory); forks of forks %v",
+		forkStats.runs, forkStats.steps, forkStats.forks, forkStats.diverged, forkStats.forksOfForks)
 	for _, kind := range kinds {
 		if forkStats.runs[kind] == 0 {
 			t.Errorf("no run was forked on %s", kind)
@@ -376,7 +414,7 @@ func TestPropertyAForkRacingItsSourceCopiesAConsistentPrefix(t *testing.T) {
 	kinds := forkingKinds(t, stores)
 	byKind := map[string]int{}
 	rapid.Check(t, func(t *rapid.T) {
-		s := drawScenario(t)
+		s := drawForkScenario(t)
 		kind := rapid.SampledFrom(kinds).Draw(t, "store")
 		store, closeStore := stores.open(t, kind)
 		defer closeStore()
@@ -438,39 +476,7 @@ func TestPropertyAForkRacingItsSourceCopiesAConsistentPrefix(t *testing.T) {
 				t.Fatalf("%s at step %d: %v", id, r.k, r.err)
 			}
 			log := stored(t, store, id, r.got)
-			origin := log[0].Event.(events.RunStarted).Fork
-			if origin == nil || origin.Run != "src" || origin.Step != r.k {
-				t.Fatalf("%s forked at %d records %+v", id, r.k, origin)
-			}
-			// p: the events after RunStarted the fork copied, as the
-			// source holds them now.
-			p := 0
-			if origin.LastKey != "" {
-				p = slices.IndexFunc(final, func(env events.Envelope) bool { return env.ID.String() == origin.LastKey })
-				if p < 1 {
-					t.Fatalf("%s copied up to %s, not an event of the source after its start", id, origin.LastKey)
-				}
-			}
-			completed := 0
-			for _, env := range final[1 : p+1] {
-				if env.Kind == events.KindStepCompleted {
-					completed++
-				}
-			}
-			if completed != r.k || p > 0 && final[p].Kind != events.KindStepCompleted {
-				t.Fatalf("%s at step %d copied the source's first %d events: %d steps, ending with %s", id, r.k, p, completed, final[p].Kind)
-			}
-			if len(log) < 1+p {
-				t.Fatalf("%s at step %d holds %d events, fewer than the %d it copied", id, r.k, len(log), p)
-			}
-			for i, env := range log[1:] {
-				switch owner := events.RunIDOf(env.Event); {
-				case i < p && !reflect.DeepEqual(env.Event, final[1+i].Event):
-					t.Fatalf("%s at step %d: copied event %d is not the source's as finally recorded:\n%+v\n%+v", id, r.k, 1+i, env.Event, final[1+i].Event)
-				case i >= p && owner != id:
-					t.Fatalf("%s at step %d: event %d (%s), after the copy, names run %q: more than the prefix was copied", id, r.k, 1+i, env.Kind, owner)
-				}
-			}
+			checkCopied(t, id, "src", r.k, final, log)
 			if !sameResult(r.got, want) {
 				t.Fatalf("%s at step %d fed the same replies: %s after %d steps, the source %s after %d",
 					id, r.k, r.got.StopReason, len(r.got.Steps), want.StopReason, len(want.Steps))
@@ -540,8 +546,8 @@ func TestPropertyAForkSurvivesACrashAtEveryWrite(t *testing.T) {
 	kinds := forkingKinds(t, stores)
 	byKind := map[string]int{}
 	rapid.Check(t, func(t *rapid.T) {
-		s := drawScenario(t)
-		other := drawScenario(t) // only its turns and outcomes are used
+		s := drawForkScenario(t)
+		other := drawForkScenario(t) // only its turns and outcomes are used
 		kind := rapid.SampledFrom(kinds).Draw(t, "store")
 		store, closeStore := stores.open(t, kind)
 		defer closeStore()
@@ -639,5 +645,45 @@ func TestPropertyAForkSurvivesACrashAtEveryWrite(t *testing.T) {
 	}
 	if forkStats.unknown == 0 {
 		t.Errorf("no crash left a fork's never action in doubt")
+	}
+}
+
+// checkCopied holds the log of run id, forked from parent at step k, to
+// parent's log as it is now: its RunStarted names parent, k and the key
+// of the last event it copied; that event ends step k−1 of parent's log
+// (no event of step k, not half a step); the events copied are parent's
+// first, as parent holds them; and everything after them names run id.
+func checkCopied(t *rapid.T, id, parent string, k int, source, log []events.Envelope) {
+	origin := log[0].Event.(events.RunStarted).Fork
+	if origin == nil || origin.Run != parent || origin.Step != k {
+		t.Fatalf("%s forked from %s at %d records %+v", id, parent, k, origin)
+	}
+	// p: the events after RunStarted the fork copied.
+	p := 0
+	if origin.LastKey != "" {
+		p = slices.IndexFunc(source, func(env events.Envelope) bool { return env.ID.String() == origin.LastKey })
+		if p < 1 {
+			t.Fatalf("%s copied up to %s, not an event of %s after its start", id, origin.LastKey, parent)
+		}
+	}
+	completed := 0
+	for _, env := range source[1 : p+1] {
+		if env.Kind == events.KindStepCompleted {
+			completed++
+		}
+	}
+	if completed != k || p > 0 && source[p].Kind != events.KindStepCompleted {
+		t.Fatalf("%s at step %d copied the first %d events of %s: %d steps, ending with %s", id, k, p, parent, completed, source[p].Kind)
+	}
+	if len(log) < 1+p {
+		t.Fatalf("%s at step %d holds %d events, fewer than the %d it copied", id, k, len(log), p)
+	}
+	for i, env := range log[1:] {
+		switch owner := events.RunIDOf(env.Event); {
+		case i < p && !reflect.DeepEqual(env.Event, source[1+i].Event):
+			t.Fatalf("%s at step %d: copied event %d is not %s's as it holds it:\n%+v\n%+v", id, k, 1+i, parent, env.Event, source[1+i].Event)
+		case i >= p && owner != id:
+			t.Fatalf("%s at step %d: event %d (%s), after the copy, names run %q: more than the prefix was copied", id, k, 1+i, env.Kind, owner)
+		}
 	}
 }
