@@ -154,6 +154,30 @@
 // stream and in projections.RunLog's Decisions. step_wall_ms includes the
 // wait for the decision.
 //
+// # Fork
+//
+// Fork starts a new run from a verified prefix of another — its steps
+// 0..k-1 — and drives it under a definition and request of its own: the
+// question "what if, at step k, it had used the other model?" asked of
+// the same history. The prefix is copied by the store in one transaction,
+// each event's payload as the source stored it (naming the source, or
+// the ancestor that first wrote it), under the fork's keys; its
+// RunStarted says where it came from and lists the parameters that
+// differ, recorded rather than refused, since differing is the point.
+// The copied steps are history: the machine replays them as Resume
+// replays a log, so nothing in them runs again, and a fork never starts
+// inside a step (the prefix ends where step k-1 completed); what it does
+// first is a new model call, unless the copied steps already call for a
+// stop. The fork's history is the source's as the source's model saw it.
+//
+// The source's side effects after step k happened in the world, and the
+// fork knows nothing of them: its model never sees them, and they are
+// not undone. An action the source executed after k — a never one above
+// all (a payment, an email) — may be executed again by the fork if its
+// model decides so, under a result id of its own: the fork is a new run,
+// not a replay. Fork is for asking what a run would have done; to
+// continue a run, Resume it.
+//
 // # Choices worth knowing
 //
 //   - Every observation fed back to the model, a parse failure's explanation

@@ -148,6 +148,16 @@
 // sees the file replaced and opens the new one. DataSize is the bytes in
 // use up to the high-water mark (the file is grown ahead of need).
 //
+// ForkRun (seams.RunForker, for engine.Fork) is one write transaction of
+// its own, as DeleteRun is, outside the group commit: it reads the
+// source's stream as Load does (damage refuses the fork), then writes the
+// new run's RunStarted and the source's sealed values up to the last one
+// copied, resealed under keys minted for the new run as Append mints
+// them, with its first-key record, index entry and queue entry. The
+// copied steps keep their references to the replies before them, which
+// the copy holds in the same order; the new run's latest reply is known
+// as of its tail (the prefix's), so its next step may refer to it.
+//
 // # Layout: one log
 //
 // Why one log and not a bucket per run (BenchmarkLayoutFloor measures the

@@ -31,6 +31,10 @@ type layout interface {
 	// values it read and the last key; a stream that is not there reads as
 	// none, with exists false.
 	read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r *events.StreamReader) (n int, last ulid.ULID, exists bool)
+	// values is the run's stream as stored, in order, each event's key and
+	// sealed value without decoding it, and what is wrong with it as read
+	// finds it; exists as read's.
+	values(tx *bolt.Tx, runID string, info RunInfo, indexed bool) (chain []chained, problems []error, exists bool)
 	// readAfter hands r the events after the run's first seen (at most
 	// info.Events, its sound index entry's count), the seen-th of which is
 	// last, reading only those; false when what it finds does not fit (the
@@ -143,6 +147,25 @@ func (l bucketLayout) read(tx *bolt.Tx, runID string, _ RunInfo, _ bool, r *even
 		}
 	}
 	return n, last, true
+}
+
+func (l bucketLayout) values(tx *bolt.Tx, runID string, _ RunInfo, _ bool) (chain []chained, problems []error, exists bool) {
+	b, err := l.stream(tx, runID)
+	if err != nil {
+		return nil, []error{err}, true
+	}
+	if b == nil {
+		return nil, nil, false
+	}
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != len(ulid.ULID{}) {
+			problems = append(problems, fmt.Errorf("key %x is not a ULID", k))
+			continue
+		}
+		chain = append(chain, chained{ulid.ULID(k), v})
+	}
+	return chain, problems, true
 }
 
 func (bucketLayout) exists(tx *bolt.Tx, runID string) bool {
@@ -319,6 +342,15 @@ func (l logLayout) read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r
 		last = chain[len(chain)-1].key
 	}
 	return len(chain), last, exists
+}
+
+func (l logLayout) values(tx *bolt.Tx, runID string, info RunInfo, indexed bool) (chain []chained, problems []error, exists bool) {
+	log, starts, err := l.buckets(tx)
+	if err != nil {
+		return nil, []error{err}, true
+	}
+	chain, _, problems, exists = l.chain(log, starts, runID, info, indexed)
+	return chain, problems, exists
 }
 
 // chained is one event of a run's chain: its key and sealed value.

@@ -226,6 +226,16 @@
 // opened with Options.ReadOnly runs every statement in a read-only
 // transaction and never migrates.
 //
+// # Forks
+//
+// ForkRun (seams.RunForker, for engine.Fork) is one transaction: the new
+// run must have no row and no events; the source's row is read (checksum
+// verified) and its events up to the last one copied, numbered from 1
+// without a gap, decoded; the copies, resealed under keys minted for the
+// new run, and its row summing them go in with the statement that starts
+// a run, agent column and the lease of a driver that reserved the new id
+// included.
+//
 // # Past one primary
 //
 // One primary carries every append of its runs: on the 2-core machine the

@@ -1,9 +1,13 @@
 package pgstore
 
 import (
+	"context"
 	"fmt"
+	"math"
+	"testing"
 	"time"
 
+	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -40,4 +44,29 @@ func LetGo(s *Store, runID string) {
 	l.mu.Lock()
 	l.lost = fmt.Errorf("run %q: %w: letting go (test)", runID, seams.ErrRunLocked)
 	l.mu.Unlock()
+}
+
+// StoredValues is the values s stores for run's events, in order.
+func StoredValues(t *testing.T, fs proptest.ForkStore, run string) [][]byte {
+	t.Helper()
+	s := fs.(*Store)
+	rows, err := s.pool.Query(context.Background(), s.q.prefix, run, int64(math.MaxInt64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for rows.Next() {
+		var (
+			seq   int64
+			id, v []byte
+		)
+		if err := rows.Scan(&seq, &id, &v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

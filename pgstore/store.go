@@ -121,6 +121,7 @@ type Store struct {
 // queries are the statements, with the schema filled in.
 type queries struct {
 	start, cont, row, load, runs, deletable, delete, has    string
+	prefix                                                  string // a fork's source's events up to one
 	take, holder, renew, renewUnlocked, release, releaseAll string
 	conts                                                   string // several runs' continuations in one statement
 	claim, giveBack, requeue, queued                        string // the queue (queueQueries)
@@ -492,6 +493,8 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, seq, id, kind, value, crc
 FROM {{schema}}.events WHERE run_id = $1 AND seq >= $2
 ORDER BY seq`),
+		// A fork's source's events from its first to number $2, in order.
+		prefix: sub(`SELECT seq, id, value FROM {{schema}}.events WHERE run_id = $1 AND seq <= $2 ORDER BY seq`),
 		// The index rows with their coordination, and the run ids of
 		// events without one (found by a skip scan of the events' primary
 		// key: one index probe per run, not a read of every event), every

@@ -63,3 +63,7 @@ func TestRunQueueContract(t *testing.T) {
 			return open(t, pgstore.Options{Schema: s.(*pgstore.Store).Schema()})
 		})
 }
+
+func TestRunForkerContract(t *testing.T) {
+	proptest.RunForkerContract(t, func(t *testing.T) proptest.ForkStore { return open(t, pgstore.Options{}) }, pgstore.StoredValues)
+}

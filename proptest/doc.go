@@ -7,7 +7,9 @@
 // seams.RunDeleter; RunLeaseContract, how run reservations behave among
 // several drivers; RunQueueContract, the rules of a worker pool's queue
 // (seams.RunQueue, seams.RunCanceller, seams.RunDescriber) that every
-// QueueStore keeps alike; CorruptionContract, how a store reports each kind of
+// QueueStore keeps alike; RunForkerContract, the rules of
+// seams.RunForker (a fork's copy, its refusals, its listing, its tail and
+// its latest reply) for every ForkStore; CorruptionContract, how a store reports each kind of
 // damage it can suffer; AppendEach, a stream written event by event;
 // SoundStream, FailedModelCall and DecidedSteps, sample streams holding
 // every record shape (DecidedSteps: steps approved with edited

@@ -64,6 +64,12 @@
 // these states, and resume_state_unknown where the stored reply no longer
 // parses to the action its intent announced.
 //
+// A forked run's log (engine.Fork) begins with RunStarted and the prefix
+// copied from its source, whose events name the run that first wrote
+// them (RunStarted.Fork says which, step by step: ForkOrigin.RunOfStep);
+// they are accepted as the run's own inside that prefix only, and a log
+// that ends inside it is corrupt — the copy is one transaction.
+//
 // What does not live here: replaying a log and continuing the run (package
 // engine), and reading it from disk (package kv).
 package recovery

@@ -25,7 +25,10 @@ type RunForker interface {
 	// a key of source's stream or the events up to it are not n (the
 	// caller's count: the source was rewritten since it was read). A
 	// source appended to meanwhile is copied up to through: a prefix the
-	// caller read, whatever follows it.
+	// caller read, whatever follows it. A prefix through the source's
+	// RunFinished makes a finished fork, listed and queued as finished,
+	// whose log recovery refuses (its end names the source); engine.Fork
+	// copies whole steps and never asks for one.
 	ForkRun(ctx context.Context, runID string, started events.RunStarted, source string, through ulid.ULID, n int) ([]events.Envelope, error)
 }
 

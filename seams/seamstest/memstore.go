@@ -179,6 +179,9 @@ func (m *MemStore) ForkRun(ctx context.Context, runID string, started events.Run
 			return nil, err
 		}
 	}
+	if started.RunID != runID {
+		return nil, fmt.Errorf("memstore: fork %q: its run_started names run %q", runID, started.RunID)
+	}
 	val, err := events.Marshal(started)
 	if err != nil {
 		return nil, err
@@ -204,6 +207,7 @@ func (m *MemStore) ForkRun(ctx context.Context, runID string, started events.Run
 	}
 	now, tail := time.Now(), ulid.ULID{}
 	out := make([]stored, 0, 1+n)
+	evs := make([]events.Event, 0, 1+n)
 	for i, s := range append([]stored{{env: events.Envelope{Kind: started.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: started}, val: val}}, src[1:1+n]...) {
 		tail = m.ids.NextAfter(now, tail)
 		v := s.val
@@ -216,9 +220,10 @@ func (m *MemStore) ForkRun(ctx context.Context, runID string, started events.Run
 		env := s.env
 		env.ID = tail
 		out = append(out, stored{env: env, val: v})
+		evs = append(evs, env.Event)
 	}
 	m.streams[runID] = out
-	m.noteQueue(runID, []events.Event{started})
+	m.noteQueue(runID, evs) // a fork that copied its source's end is queued for nobody
 	m.appends++
 	envs := make([]events.Envelope, len(out))
 	for i, s := range out {

@@ -52,3 +52,14 @@ func damageValue(i int, change func([]byte) []byte) func(*testing.T, seams.RunSt
 		return s
 	}
 }
+
+func TestMemStoreKeepsTheRunForkerContract(t *testing.T) {
+	proptest.RunForkerContract(t, func(*testing.T) proptest.ForkStore { return new(seamstest.MemStore) },
+		func(t *testing.T, s proptest.ForkStore, run string) [][]byte {
+			var out [][]byte
+			// A change that keeps each value as it is: a read of it.
+			for i := 0; s.(*seamstest.MemStore).Damage(run, i, func(v []byte) []byte { out = append(out, v); return v }); i++ {
+			}
+			return out
+		})
+}
