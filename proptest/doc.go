@@ -29,7 +29,14 @@
 // generated runs whose actions wait for people's decisions (approve, edit,
 // reject) and for operators' findings on actions in doubt, crashed at
 // every write, decisions' included, and held to the tools' own ledger
-// (TestPropertyDecisionsSurviveCrashes);
+// (TestPropertyDecisionsSurviveCrashes); forks of generated runs at every
+// step, under the same replies and other ones, forks of forks, forks
+// racing their source, and forks crashed at every write and resumed, held
+// to the tools' own ledger (TestPropertyAForkRetracesItsSource,
+// TestPropertyAForkRacingItsSourceCopiesAConsistentPrefix,
+// TestPropertyAForkSurvivesACrashAtEveryWrite; the first and the last at
+// half the checks, a tenth under the race detector: each check forks
+// tens of times); the rules of seams.RunForker (RunForkerContract);
 // 2–4 drivers racing on one run (TestPropertyOneDriverPerRun); damaged logs
 // refused or resumed soundly, damage no sound log can hold always refused
 // (TestPropertyDamagedLogsAreRefusedOrResumedSoundly,
