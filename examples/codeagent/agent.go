@@ -28,15 +28,36 @@ type sandbox struct {
 	MaxChars    int
 	Done        string
 	Root        string // working directories are made under it
+	// SeedFrom, when set, is a directory copied into a run's working
+	// directory when the sandbox makes it: a fork's, from its source's.
+	SeedFrom string
 }
 
-func (s *sandbox) workdir(runID string) (string, error) {
-	dir := filepath.Join(s.Root, "run-"+strings.Map(func(r rune) rune {
+// dir is runID's working directory.
+func (s *sandbox) dir(runID string) string {
+	return filepath.Join(s.Root, "run-"+strings.Map(func(r rune) rune {
 		if r == '/' || r == '\\' || r == '.' {
 			return '_'
 		}
 		return r
 	}, runID))
+}
+
+// workdir returns runID's working directory, made (and seeded from
+// SeedFrom, if that exists) when it does not exist.
+func (s *sandbox) workdir(runID string) (string, error) {
+	dir := s.dir(runID)
+	if _, err := os.Stat(dir); err == nil || !errors.Is(err, os.ErrNotExist) {
+		return dir, err
+	}
+	if s.SeedFrom != "" {
+		if _, err := os.Stat(s.SeedFrom); err == nil {
+			if err := os.CopyFS(dir, os.DirFS(s.SeedFrom)); err != nil {
+				return dir, fmt.Errorf("sandbox: seeding %s from %s: %w", dir, s.SeedFrom, err)
+			}
+			return dir, nil
+		}
+	}
 	return dir, os.MkdirAll(dir, 0o700)
 }
 

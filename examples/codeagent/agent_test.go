@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -204,4 +206,79 @@ func TestCtrlCLeavesTheRunResumable(t *testing.T) {
 	if err != nil || exitCode(r.StopReason) != 0 {
 		t.Fatalf("-resume after Ctrl-C: %v %v", r.StopReason, err)
 	}
+}
+
+// forkedLog is run's log in the store file path: its RunStarted's fork
+// origin and its steps.
+func forkedLog(t *testing.T, path, run string) (*events.ForkOrigin, []events.StepRecord) {
+	t.Helper()
+	s, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stream, err := s.Load(context.Background(), run)
+	if err != nil || len(stream) == 0 {
+		t.Fatalf("run %s: %d events, %v", run, len(stream), err)
+	}
+	return stream[0].Event.(events.RunStarted).Fork, projections.Fold(stream).Trajectory()
+}
+
+// TestAForkGoesOnFromTheSourcesStep: -fork-from t -at 2 starts a run
+// whose log names t and step 2 and holds t's first two steps as they
+// are; it goes on in a copy of t's working directory (notes.txt is there)
+// and completes. A step beyond t's end, a taken run id, an unknown source
+// and -fork-from with -resume are refused, writing nothing.
+func TestAForkGoesOnFromTheSourcesStep(t *testing.T) {
+	c := cfg(t)
+	if _, err := run(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	fork := c
+	fork.runID, fork.forkFrom, fork.at = "t-fork", "t", 2
+	r, err := run(context.Background(), fork)
+	if err != nil || r.StopReason != events.StopTaskCompleted || len(r.Steps) != 4 {
+		t.Fatalf("fork: %v after %d steps, %v", r.StopReason, len(r.Steps), err)
+	}
+	origin, steps := forkedLog(t, c.store, "t-fork")
+	_, source := forkedLog(t, c.store, "t")
+	if origin == nil || origin.Run != "t" || origin.Step != 2 {
+		t.Fatalf("the fork's RunStarted.Fork is %+v, want t at step 2", origin)
+	}
+	if !reflect.DeepEqual(steps[:2], source[:2]) {
+		t.Fatalf("the fork's first steps\n%+v\ndiffer from its source's\n%+v", steps[:2], source[:2])
+	}
+	for _, tc := range []struct {
+		name             string
+		from, onto, want string
+		at               int
+		resume           bool
+		is               error
+	}{
+		{name: "beyond the end", from: "t", onto: "t-5", at: 5, want: `run "t" has no step 5 to fork at`, is: engine.ErrForkStep},
+		{name: "onto a run", from: "t", onto: "t-fork", at: 1, want: `run "t-fork" exists in`, is: engine.ErrRunExists},
+		{name: "no source", from: "nosuch", onto: "t-2", at: 0, want: `no run "nosuch" to fork in`, is: engine.ErrRunNotFound},
+		{name: "with -resume", from: "t", onto: "t-3", at: 1, resume: true, want: "-fork-from starts a new run and -resume continues one"},
+		{name: "-at alone", onto: "t-4", at: 1, want: "-at 1: a step to fork at needs -fork-from RUN"},
+	} {
+		bad := c
+		bad.runID, bad.forkFrom, bad.at, bad.resume = tc.onto, tc.from, tc.at, tc.resume
+		_, err := run(context.Background(), bad)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || (tc.is != nil && !errors.Is(err, tc.is)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if runs, err := openRuns(c.store); err != nil || runs != 2 {
+		t.Fatalf("%d runs after the refusals (%v), want t and t-fork", runs, err)
+	}
+}
+
+func openRuns(path string) (int, error) {
+	s, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	runs, err := s.Runs(context.Background())
+	return len(runs), err
 }

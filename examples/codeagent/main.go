@@ -9,6 +9,20 @@
 //
 //	go run ./examples/codeagent -run demo -crash-after 3
 //	go run ./examples/codeagent -run demo -resume
+//
+// -fork-from RUN -at STEP starts the run -run as a fork of the stored run
+// RUN at step STEP (engine.Fork): its log begins with RUN's steps below
+// STEP, and it goes on under this invocation's flags — another -url,
+// -model or -interpreter. Its working directory starts as a copy of RUN's
+// as RUN left it (files are not in the log: the copy is their state now,
+// not at step STEP):
+//
+//	go run ./examples/codeagent -run demo-2 -fork-from demo -at 2
+//
+// Exit status: 0 the agent reached an answer, 1 an error (a fork refused:
+// a step beyond RUN's end, -run taken, RUN not found) or a run that
+// stopped before an answer, 3 a crash on purpose, 130 interrupted
+// (Ctrl-C, at a step boundary) or cancelled.
 package main
 
 import (
@@ -47,6 +61,9 @@ type config struct {
 	store, runID, url, model, interpreter, workRoot string
 	resume                                          bool
 	crashAfter                                      int
+	// forkFrom, when set, names the run that runID forks at step at.
+	forkFrom string
+	at       int
 	// interrupt, once closed, stops the run at its next step boundary,
 	// resumable (Ctrl-C).
 	interrupt <-chan struct{}
@@ -62,6 +79,8 @@ func main() {
 	flag.StringVar(&c.workRoot, "work", filepath.Join(os.TempDir(), "polyloop-codeagent"), "root of the runs' working directories")
 	flag.BoolVar(&c.resume, "resume", false, "resume the run instead of starting it")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
+	flag.StringVar(&c.forkFrom, "fork-from", "", "start -run as a fork of this stored run at step -at, under these flags")
+	flag.IntVar(&c.at, "at", 0, "the step -fork-from forks at: the fork copies the source's steps below it")
 	flag.Parse()
 	// Ctrl-C stops the run at its next step boundary, unfinished and
 	// resumable (-resume continues it), as a crash would but with nothing
@@ -80,6 +99,9 @@ func main() {
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "codeagent:", err)
 		os.Exit(1)
+	}
+	if c.forkFrom != "" {
+		fmt.Printf("run %s forked from %s at step %d\n", r.RunID, c.forkFrom, c.at)
 	}
 	fmt.Printf("run %s: %s after %d steps; %s\n", r.RunID, r.StopReason, len(r.Steps), r.Usage)
 	for _, s := range r.Steps {
@@ -118,6 +140,12 @@ func statusOf(s events.StepRecord) string {
 }
 
 func run(ctx context.Context, c config) (events.RunResult, error) {
+	switch {
+	case c.forkFrom != "" && c.resume:
+		return events.RunResult{}, errors.New("-fork-from starts a new run and -resume continues one: give one of them")
+	case c.forkFrom == "" && c.at != 0:
+		return events.RunResult{}, fmt.Errorf("-at %d: a step to fork at needs -fork-from RUN", c.at)
+	}
 	store, err := stores.Open(ctx, c.store, stores.Options{})
 	if err != nil {
 		return events.RunResult{}, err
@@ -134,6 +162,9 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 		runStore = &crashstore.Store{Inner: store, After: c.crashAfter}
 	}
 	def, req := agent(model, runStore, c)
+	if c.forkFrom != "" {
+		return fork(ctx, def, req, c)
+	}
 	if c.resume {
 		r, err := engine.Resume(ctx, def, req)
 		if errors.Is(err, engine.ErrRunNotFound) {
@@ -144,6 +175,25 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 	r, err := engine.Run(ctx, def, req)
 	if errors.Is(err, engine.ErrRunExists) {
 		err = fmt.Errorf("%w: continue it with -resume, or start another with -run NAME", err)
+	}
+	return r, err
+}
+
+// fork starts c.runID as a fork of c.forkFrom at step c.at, its working
+// directory seeded from the source's; a refusal says what to change.
+func fork(ctx context.Context, def engine.Definition, req engine.Request, c config) (events.RunResult, error) {
+	sb := req.Executor.(*sandbox)
+	if sb.SeedFrom = sb.dir(c.forkFrom); c.forkFrom == c.runID {
+		sb.SeedFrom = ""
+	}
+	r, err := engine.Fork(ctx, def, req, c.forkFrom, c.at)
+	switch {
+	case errors.Is(err, engine.ErrForkStep):
+		err = fmt.Errorf("run %q has no step %d to fork at: %w", c.forkFrom, c.at, err)
+	case errors.Is(err, engine.ErrRunExists):
+		err = fmt.Errorf("run %q exists in %s: a fork needs a new run id (-run NAME): %w", c.runID, stores.Describe(c.store), err)
+	case errors.Is(err, engine.ErrRunNotFound):
+		err = fmt.Errorf("no run %q to fork in %s: %w", c.forkFrom, stores.Describe(c.store), err)
 	}
 	return r, err
 }
