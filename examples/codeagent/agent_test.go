@@ -253,6 +253,7 @@ func TestAForkGoesOnFromTheSourcesStep(t *testing.T) {
 		from, onto, want string
 		at               int
 		resume           bool
+		crash            int
 		is               error
 	}{
 		{name: "beyond the end", from: "t", onto: "t-5", at: 5, want: `run "t" has no step 5 to fork at`, is: engine.ErrForkStep},
@@ -260,9 +261,13 @@ func TestAForkGoesOnFromTheSourcesStep(t *testing.T) {
 		{name: "no source", from: "nosuch", onto: "t-2", at: 0, want: `no run "nosuch" to fork in`, is: engine.ErrRunNotFound},
 		{name: "with -resume", from: "t", onto: "t-3", at: 1, resume: true, want: "-fork-from starts a new run and -resume continues one"},
 		{name: "-at alone", onto: "t-4", at: 1, want: "-at 1: a step to fork at needs -fork-from RUN"},
+		{name: "with -crash-after", from: "t", onto: "t-5", at: 1, crash: 2, want: "-fork-from with -crash-after: the crashing store does not fork runs"},
 	} {
 		bad := c
 		bad.runID, bad.forkFrom, bad.at, bad.resume = tc.onto, tc.from, tc.at, tc.resume
+		if tc.crash > 0 {
+			bad.crashAfter = tc.crash
+		}
 		_, err := run(context.Background(), bad)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || (tc.is != nil && !errors.Is(err, tc.is)) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)

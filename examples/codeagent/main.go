@@ -145,6 +145,8 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 		return events.RunResult{}, errors.New("-fork-from starts a new run and -resume continues one: give one of them")
 	case c.forkFrom == "" && c.at != 0:
 		return events.RunResult{}, fmt.Errorf("-at %d: a step to fork at needs -fork-from RUN", c.at)
+	case c.forkFrom != "" && c.crashAfter >= 0:
+		return events.RunResult{}, errors.New("-fork-from with -crash-after: the crashing store does not fork runs; fork first, then go on with -resume and -crash-after")
 	}
 	store, err := stores.Open(ctx, c.store, stores.Options{})
 	if err != nil {

@@ -21,10 +21,20 @@
 // would (exit 3); -provider-delay makes the provider slow to confirm, long
 // enough to kill -9 the process while a refund is being made.
 //
+// -fork-from RUN -at STEP starts the run -run as a fork of the stored run
+// RUN at step STEP (engine.Fork): its log begins with RUN's steps below
+// STEP, and it goes on under this invocation's flags — another
+// -approve-over, -url or -model; its RunStarted records how they differ.
+// Run the program again with the fork's -run (and no -fork-from) to go on
+// with it:
+//
+//	go run ./examples/refund -run refund-2 -fork-from refund-1 -at 1 -approve-over 300
+//
 // Offline by default (a scripted clerk that answers from what it was
 // told); with -url it talks to any OpenAI-compatible endpoint. Exit
 // status: 0 when the run finished or waits for a person (the output says
-// which and how to decide), 1 an error, 3 a crash on purpose, 130
+// which and how to decide), 1 an error (a fork refused: a step beyond
+// RUN's end, -run taken, RUN not found), 3 a crash on purpose, 130
 // interrupted (Ctrl-C, at a step boundary).
 package main
 
@@ -53,6 +63,9 @@ type config struct {
 	approveOver                      float64
 	crashAfter                       int
 	providerDelay                    time.Duration
+	// forkFrom, when set, names the run that runID forks at step at.
+	forkFrom string
+	at       int
 	// interrupt, once closed, stops the run at its next step boundary,
 	// resumable (Ctrl-C).
 	interrupt <-chan struct{}
@@ -68,6 +81,8 @@ func main() {
 	flag.StringVar(&c.model, "model", "qwen2.5", "model name for -url")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (then run again)")
 	flag.DurationVar(&c.providerDelay, "provider-delay", 0, "how long the payment provider takes to confirm a refund it made")
+	flag.StringVar(&c.forkFrom, "fork-from", "", "start -run as a fork of this stored run at step -at, under these flags")
+	flag.IntVar(&c.at, "at", 0, "the step -fork-from forks at: the fork copies the source's steps below it")
 	flag.Parse()
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	context.AfterFunc(interrupted, stop) // a second Ctrl-C kills at once
@@ -89,6 +104,12 @@ func main() {
 // handle runs the ticket's run, or goes on with it, and says how it ended
 // or what it waits for.
 func handle(ctx context.Context, c config, out io.Writer) error {
+	switch {
+	case c.forkFrom == "" && c.at != 0:
+		return fmt.Errorf("-at %d: a step to fork at needs -fork-from RUN", c.at)
+	case c.forkFrom != "" && c.crashAfter >= 0:
+		return errors.New("-fork-from with -crash-after: the crashing store does not fork runs; fork first, then go on with -run and -crash-after")
+	}
 	store, err := stores.Open(ctx, c.store, stores.Options{})
 	if err != nil {
 		return err
@@ -126,9 +147,17 @@ func handle(ctx context.Context, c config, out io.Writer) error {
 		},
 		ObservationTemplate: "Tool result: {observation}",
 	}
-	res, err := engine.Resume(ctx, def, req) // go on with the run if it exists...
-	if errors.Is(err, engine.ErrRunNotFound) {
-		res, err = engine.Run(ctx, def, req) // ...or start it
+	var res events.RunResult
+	if c.forkFrom != "" {
+		res, err = fork(ctx, def, req, c)
+		if err == nil || errors.As(err, new(*engine.AwaitingError)) || errors.Is(err, engine.ErrInterrupted) {
+			fmt.Fprintf(out, "%s forked from %s at step %d\n", c.runID, c.forkFrom, c.at)
+		}
+	} else {
+		res, err = engine.Resume(ctx, def, req) // go on with the run if it exists...
+		if errors.Is(err, engine.ErrRunNotFound) {
+			res, err = engine.Run(ctx, def, req) // ...or start it
+		}
 	}
 	var awaiting *engine.AwaitingError
 	if errors.As(err, &awaiting) {
@@ -144,6 +173,21 @@ func handle(ctx context.Context, c config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "%s: %s after %d steps: %s\n", c.runID, res.StopReason, len(res.Steps), answer)
 	return nil
+}
+
+// fork starts c.runID as a fork of c.forkFrom at step c.at; a refusal
+// says what to change.
+func fork(ctx context.Context, def engine.Definition, req engine.Request, c config) (events.RunResult, error) {
+	res, err := engine.Fork(ctx, def, req, c.forkFrom, c.at)
+	switch {
+	case errors.Is(err, engine.ErrForkStep):
+		err = fmt.Errorf("run %q has no step %d to fork at: %w", c.forkFrom, c.at, err)
+	case errors.Is(err, engine.ErrRunExists):
+		err = fmt.Errorf("run %q exists in %s: a fork needs a new run id (-run NAME): %w", c.runID, stores.Describe(c.store), err)
+	case errors.Is(err, engine.ErrRunNotFound):
+		err = fmt.Errorf("no run %q to fork in %s: %w", c.forkFrom, stores.Describe(c.store), err)
+	}
+	return res, err
 }
 
 // waits says what the run waits for, and how to decide it: the pending

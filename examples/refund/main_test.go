@@ -2,18 +2,25 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/projections"
 )
 
 // The binaries the tests run — this program, polyloop-admin and
@@ -331,5 +338,63 @@ func TestAKilledRefundIsNeverMadeTwice(t *testing.T) {
 	}
 	if end := settle(t, d, call); !strings.Contains(end, "agent_finished") || len(d.ledger()) != 1 {
 		t.Fatalf("the end:\n%s\nledger %+v", end, d.ledger())
+	}
+}
+
+// forkedLog is run's log in the store file path: its RunStarted's fork
+// origin and its steps.
+func forkedLog(t *testing.T, path, run string) (*events.ForkOrigin, []events.StepRecord) {
+	t.Helper()
+	s, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stream, err := s.Load(context.Background(), run)
+	if err != nil || len(stream) == 0 {
+		t.Fatalf("run %s: %d events, %v", run, len(stream), err)
+	}
+	return stream[0].Event.(events.RunStarted).Fork, projections.Fold(stream).Trajectory()
+}
+
+// TestAForkUnderAHigherLimitRefundsWithoutWaiting: refund-1 waits for
+// approval of 250 at step 1; forked at step 1 onto refund-2 with
+// -approve-over 300, the fork keeps refund-1's lookup (step 0) as it is,
+// records refund-1, step 1 and the policy's difference, and refunds 250
+// without waiting, once, as refund-2's. A step beyond refund-1's end, a
+// taken run id, an unknown source and -at without -fork-from are refused,
+// exit 1, writing nothing.
+func TestAForkUnderAHigherLimitRefundsWithoutWaiting(t *testing.T) {
+	d := newDesk(t)
+	waitsForApproval(t, d)
+	out := d.must(0, "refund -run refund-2 -fork-from refund-1 -at 1 -approve-over 300")
+	if !regexp.MustCompile(`^refund-2 forked from refund-1 at step 1\nrefund-2: agent_finished after 3 steps: Dear Dana, I refunded 250.00 EUR for order A-1042 \(provider reference [0-9A-Z]{26}\)\.\n$`).MatchString(out) {
+		t.Fatalf("the fork:\n%s", out)
+	}
+	if got := d.ledger(); len(got) != 1 || got[0].Run != "refund-2" || got[0].Amount != 250 {
+		t.Fatalf("the ledger: %+v, want refund-2's one refund of 250", got)
+	}
+	store := filepath.Join(d.dir, "refund.db")
+	origin, steps := forkedLog(t, store, "refund-2")
+	_, source := forkedLog(t, store, "refund-1")
+	if origin == nil || origin.Run != "refund-1" || origin.Step != 1 || !slices.Contains(origin.Differences, `approval.refunds_over: "100" at start, now "300"`) {
+		t.Fatalf("the fork's RunStarted.Fork is %+v, want refund-1 at step 1, the approval limit's difference", origin)
+	}
+	if len(source) != 1 || !reflect.DeepEqual(steps[:1], source) {
+		t.Fatalf("the fork's first step\n%+v\ndiffers from its source's\n%+v", steps[:1], source)
+	}
+	for _, tc := range []struct{ line, want string }{
+		{"refund -run refund-3 -fork-from refund-1 -at 2", `run "refund-1" has no step 2 to fork at`},
+		{"refund -run refund-2 -fork-from refund-1 -at 1", `run "refund-2" exists in ` + store + `: a fork needs a new run id (-run NAME)`},
+		{"refund -run refund-3 -fork-from nosuch -at 0", `no run "nosuch" to fork in ` + store},
+		{"refund -run refund-3 -at 1", "-at 1: a step to fork at needs -fork-from RUN"},
+		{"refund -run refund-3 -fork-from refund-1 -at 1 -crash-after 2", "-fork-from with -crash-after: the crashing store does not fork runs"},
+	} {
+		if out := d.must(1, tc.line); !strings.Contains(out, tc.want) {
+			t.Errorf("$ %s\n%swant %q", tc.line, out, tc.want)
+		}
+	}
+	if listed := d.must(0, "polyloop-inspect runs refund.db"); strings.Contains(listed, "refund-3") || strings.Contains(listed, "nosuch") {
+		t.Fatalf("a refused fork wrote a run:\n%s", listed)
 	}
 }
