@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/recovery"
 )
@@ -171,4 +173,120 @@ func openRuns(t *testing.T, path string) (int, error) {
 	defer s.Close()
 	runs, err := s.Runs(context.Background())
 	return len(runs), err
+}
+
+// forkedLog is run's log in the store file path: its RunStarted's fork
+// origin and its steps.
+func forkedLog(t *testing.T, path, run string) (*events.ForkOrigin, []events.StepRecord) {
+	t.Helper()
+	s, err := kv.Open(path, kv.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stream, err := s.Load(context.Background(), run)
+	if err != nil || len(stream) == 0 {
+		t.Fatalf("run %s: %d events, %v", run, len(stream), err)
+	}
+	return stream[0].Event.(events.RunStarted).Fork, projections.Fold(stream).Trajectory()
+}
+
+// TestAForkedPhaseGoesOnFromTheSourcesStep: review-1 runs; forked at a
+// step, a phase's run names its source and step, holds the source's
+// steps below it as they are, and completes; a forked triage is followed
+// by the fork's own review phase, a forked review phase reads
+// review-1's triage (its prompt is the source's) and reports only the
+// findings it made itself.
+func TestAForkedPhaseGoesOnFromTheSourcesStep(t *testing.T) {
+	c := cfg(t)
+	defer func(p string) { runPrefix = p }(runPrefix)
+	if err := review(context.Background(), c, new(strings.Builder)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		prefix, from string
+		at           int
+		want         []string // lines of the output
+		findings     int
+	}{
+		{prefix: "tri", from: "review-1/triage", at: 2, findings: 2, want: []string{
+			"tri/triage forked from review-1/triage at step 2", "phase triage: task_completed after 5 steps",
+			"phase review: task_completed after 6 steps", "summary: 2 high-severity issues in 2 documents"}},
+		{prefix: "rev", from: "review-1/review", at: 2, findings: 1, want: []string{
+			"rev/review forked from review-1/review at step 2", "phase review: task_completed after 6 steps",
+			"finding: nda-acme clause 2 [high] no liability cap"}},
+	} {
+		runPrefix = tc.prefix
+		fork := c
+		fork.forkFrom, fork.at = tc.from, tc.at
+		var out strings.Builder
+		if err := review(context.Background(), fork, &out); err != nil {
+			t.Fatalf("fork of %s: %v\n%s", tc.from, err, out.String())
+		}
+		for _, line := range tc.want {
+			if !strings.Contains(out.String(), line) {
+				t.Errorf("fork of %s printed no %q:\n%s", tc.from, line, out.String())
+			}
+		}
+		if n := strings.Count(out.String(), "finding:"); n != tc.findings {
+			t.Errorf("fork of %s reported %d findings, want %d:\n%s", tc.from, n, tc.findings, out.String())
+		}
+		phase := tc.prefix + tc.from[strings.Index(tc.from, "/"):]
+		origin, steps := forkedLog(t, c.store, phase)
+		_, source := forkedLog(t, c.store, tc.from)
+		if origin == nil || origin.Run != tc.from || origin.Step != tc.at || len(origin.Differences) != 0 {
+			t.Errorf("%s's RunStarted.Fork is %+v, want %s at step %d, no differences", phase, origin, tc.from, tc.at)
+		}
+		if !reflect.DeepEqual(steps[:tc.at], source[:tc.at]) {
+			t.Errorf("%s's first steps\n%+v\ndiffer from its source's\n%+v", phase, steps[:tc.at], source[:tc.at])
+		}
+		// Fed the source's replies, with the source's goal, the fork
+		// retraces it after tc.at too (but for the clock).
+		for i := range steps {
+			steps[i].StepWallMs, source[i].StepWallMs = 0, 0
+		}
+		if !reflect.DeepEqual(steps, source) {
+			t.Errorf("%s's steps\n%+v\ndiffer from its source's\n%+v", phase, steps, source)
+		}
+	}
+}
+
+// TestAForkIsRefusedWritingNothing: a step beyond the source's end, a
+// taken run, an unknown source, a run that is no phase's, and the flags a
+// fork does not go with are refused, and no run is written.
+func TestAForkIsRefusedWritingNothing(t *testing.T) {
+	c := cfg(t)
+	defer func(p string) { runPrefix = p }(runPrefix)
+	if err := review(context.Background(), c, new(strings.Builder)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		prefix, from string
+		at, crash    int
+		resume       bool
+		want         string
+		is           error
+	}{
+		{prefix: "x", from: "review-1/triage", at: 6, want: `run "review-1/triage" has no step 6 to fork at`, is: engine.ErrForkStep},
+		{prefix: "review-1", from: "review-1/triage", at: 1, want: `run "review-1/triage" exists in`},
+		{prefix: "x", from: "nosuch/review", at: 0, want: `no run "nosuch/review" to fork in`, is: engine.ErrRunNotFound},
+		{prefix: "x", from: "review-1", at: 0, want: `-fork-from "review-1": want a phase's run, PREFIX/triage or PREFIX/review (phase "review-1")`},
+		{prefix: "x", from: "review-1/triage", at: 1, resume: true, want: "-fork-from starts a new run and -resume continues one"},
+		{prefix: "x", from: "review-1/triage", at: 1, crash: 2, want: "-fork-from with -crash-after: the crashing store does not fork runs"},
+		{prefix: "x", at: 1, want: "-at 1: a step to fork at needs -fork-from PREFIX/PHASE"},
+	} {
+		runPrefix = tc.prefix
+		bad := c
+		bad.forkFrom, bad.at, bad.resume = tc.from, tc.at, tc.resume
+		if tc.crash > 0 {
+			bad.crashAfter = tc.crash
+		}
+		err := review(context.Background(), bad, new(strings.Builder))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || (tc.is != nil && !errors.Is(err, tc.is)) {
+			t.Errorf("-run %s -fork-from %s -at %d: %v, want %q", tc.prefix, tc.from, tc.at, err, tc.want)
+		}
+	}
+	if runs, err := openRuns(t, c.store); err != nil || runs != 2 {
+		t.Fatalf("%d runs after the refusals (%v), want review-1's two", runs, err)
+	}
 }

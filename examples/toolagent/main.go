@@ -10,6 +10,21 @@
 //
 //	go run ./examples/toolagent -crash-after 9
 //	go run ./examples/toolagent -resume
+//
+// -fork-from PREFIX/PHASE -at STEP starts the phase PHASE of the review
+// -run as a fork of that stored phase run at step STEP (engine.Fork): its
+// log begins with the source's steps below STEP, and it goes on under this
+// invocation's flags (another -url or -model); the phases after it run as
+// new runs of the review -run, and the phases before it are the source's
+// (a forked review phase reads PREFIX's triage summary). The findings
+// listed are the fork's own: the copied steps' are the source's.
+//
+//	go run ./examples/toolagent -run review-2 -fork-from review-1/triage -at 2
+//
+// Exit status: 0 the review completed, 1 an error (a fork refused: a step
+// beyond the source's end, the fork's run taken, the source not found), 3
+// a crash on purpose, 130 interrupted (Ctrl-C, at a step boundary) or a
+// phase's run cancelled.
 package main
 
 import (
@@ -36,15 +51,15 @@ import (
 type phase struct {
 	name   string
 	tools  []string
-	goal   func(resultData) string
-	script []string // the offline model's replies
+	goal   func(d resultData, triage string) string // triage: the triage phase's run id
+	script []string                                 // the offline model's replies
 }
 
 var phases = []phase{
 	{
 		name:  "triage",
 		tools: []string{"list_documents", "read_document", "submit"},
-		goal: func(resultData) string {
+		goal: func(resultData, string) string {
 			return "List the documents, read each, and submit the ids of those that need a legal review, comma-separated."
 		},
 		script: []string{
@@ -58,8 +73,8 @@ var phases = []phase{
 	{
 		name:  "review",
 		tools: []string{"read_document", "flag_issue", "submit"},
-		goal: func(d resultData) string {
-			return "Review these documents and flag every risky clause, then submit a one-line summary: " + d.Summaries[runPrefix+"/triage"]
+		goal: func(d resultData, triage string) string {
+			return "Review these documents and flag every risky clause, then submit a one-line summary: " + d.Summaries[triage]
 		},
 		script: []string{
 			`{"tool":"read_document","arguments":{"id":"lease-2024"}}`,
@@ -78,6 +93,10 @@ type config struct {
 	store, results, url, model string
 	resume                     bool
 	crashAfter                 int
+	// forkFrom, when set, names the phase run (PREFIX/PHASE) that the
+	// review's PHASE forks at step at.
+	forkFrom string
+	at       int
 	// interrupt, once closed, stops the running phase at its next step
 	// boundary, resumable (Ctrl-C).
 	interrupt <-chan struct{}
@@ -92,6 +111,8 @@ func main() {
 	flag.StringVar(&c.model, "model", "qwen2.5", "model name for -url")
 	flag.BoolVar(&c.resume, "resume", false, "resume an interrupted review")
 	flag.IntVar(&c.crashAfter, "crash-after", -1, "exit abruptly after this many durable writes (to try -resume)")
+	flag.StringVar(&c.forkFrom, "fork-from", "", "fork this stored phase run (PREFIX/PHASE) at step -at as the review -run's PHASE, under these flags")
+	flag.IntVar(&c.at, "at", 0, "the step -fork-from forks at: the fork copies the source's steps below it")
 	flag.Parse()
 	// Ctrl-C stops the running phase at its next step boundary, unfinished
 	// and resumable (-resume continues it), as a crash would but with
@@ -122,6 +143,10 @@ var errCancelled = errors.New("the phase's run was cancelled (recorded; it will 
 
 // review runs (or, resuming, continues) each phase in turn.
 func review(ctx context.Context, c config, out io.Writer) error {
+	first, err := forkedPhase(c)
+	if err != nil {
+		return err
+	}
 	store, err := stores.Open(ctx, c.store, stores.Options{})
 	if err != nil {
 		return err
@@ -136,10 +161,13 @@ func review(ctx context.Context, c config, out io.Writer) error {
 	if c.crashAfter >= 0 {
 		runStore = &crashstore.Store{Inner: store, After: c.crashAfter}
 	}
-	for _, p := range phases {
+	for i, p := range phases[first:] {
 		r, err := runPhase(ctx, p, all, db, runStore, c)
 		if err != nil {
 			return fmt.Errorf("phase %s: %w", p.name, err)
+		}
+		if i == 0 && c.forkFrom != "" {
+			fmt.Fprintf(out, "%s/%s forked from %s at step %d\n", runPrefix, p.name, c.forkFrom, c.at)
 		}
 		fmt.Fprintf(out, "phase %s: %s after %d steps; %s\n", p.name, r.StopReason, len(r.Steps), r.Usage)
 		if r.StopReason == events.StopCancelled {
@@ -160,6 +188,37 @@ func review(ctx context.Context, c config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "summary: %s\n", d.Summaries[runPrefix+"/review"])
 	return nil
+}
+
+// forkedPhase checks the fork flags and returns the index of the phase
+// the review begins with: the forked one, or the first.
+func forkedPhase(c config) (int, error) {
+	switch {
+	case c.forkFrom == "" && c.at != 0:
+		return 0, fmt.Errorf("-at %d: a step to fork at needs -fork-from PREFIX/PHASE", c.at)
+	case c.forkFrom == "":
+		return 0, nil
+	case c.resume:
+		return 0, errors.New("-fork-from starts a new run and -resume continues one: give one of them")
+	case c.crashAfter >= 0:
+		return 0, errors.New("-fork-from with -crash-after: the crashing store does not fork runs; fork first, then go on with -resume and -crash-after")
+	}
+	name := c.forkFrom[strings.LastIndex(c.forkFrom, "/")+1:]
+	for i, p := range phases {
+		if strings.HasSuffix(c.forkFrom, "/"+p.name) {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("-fork-from %q: want a phase's run, PREFIX/triage or PREFIX/review (phase %q)", c.forkFrom, name)
+}
+
+// triageRun is the run id of the triage phase the review phase reads:
+// the source's when the review phase is a fork, else this review's.
+func triageRun(c config) string {
+	if strings.HasSuffix(c.forkFrom, "/review") {
+		return strings.TrimSuffix(c.forkFrom, "/review") + "/triage"
+	}
+	return runPrefix + "/triage"
 }
 
 func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, store seams.RunStore, c config) (events.RunResult, error) {
@@ -187,9 +246,21 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 		Context: engine.Context{
 			RunLevel: []seams.Message{seams.Text(seams.RoleSystem,
 				`You review contracts. Answer with exactly one JSON object per reply: {"tool": "<name>", "arguments": {...}}.`)},
-			GoalLevel: []seams.Message{seams.Text(seams.RoleUser, p.goal(d))},
+			GoalLevel: []seams.Message{seams.Text(seams.RoleUser, p.goal(d, triageRun(c)))},
 		},
 		ObservationTemplate: "Tool result: {observation}",
+	}
+	if c.forkFrom != "" && strings.HasSuffix(c.forkFrom, "/"+p.name) {
+		r, err := engine.Fork(ctx, def, req, c.forkFrom, c.at)
+		switch {
+		case errors.Is(err, engine.ErrForkStep):
+			err = fmt.Errorf("run %q has no step %d to fork at: %w", c.forkFrom, c.at, err)
+		case errors.Is(err, engine.ErrRunExists), errors.Is(err, engine.ErrInvalidRequest) && req.RunID == c.forkFrom:
+			err = fmt.Errorf("run %q exists in %s: a fork needs a new review (-run NAME): %w", req.RunID, stores.Describe(c.store), err)
+		case errors.Is(err, engine.ErrRunNotFound):
+			err = fmt.Errorf("no run %q to fork in %s: %w", c.forkFrom, stores.Describe(c.store), err)
+		}
+		return r, err
 	}
 	if !c.resume {
 		r, err := engine.Run(ctx, def, req)
