@@ -185,9 +185,7 @@ func run(ctx context.Context, c config) (events.RunResult, error) {
 // directory seeded from the source's; a refusal says what to change.
 func fork(ctx context.Context, def engine.Definition, req engine.Request, c config) (events.RunResult, error) {
 	sb := req.Executor.(*sandbox)
-	if sb.SeedFrom = sb.dir(c.forkFrom); c.forkFrom == c.runID {
-		sb.SeedFrom = ""
-	}
+	sb.SeedFrom = sb.dir(c.forkFrom) // used only when the fork's directory is made
 	r, err := engine.Fork(ctx, def, req, c.forkFrom, c.at)
 	switch {
 	case errors.Is(err, engine.ErrForkStep):
