@@ -37,7 +37,15 @@ var ErrForkStep = errors.New("engine: the fork's step is beyond the source's com
 // when source has none, an error matching recovery.ErrCorrupt when the
 // source's log is not sound, and ErrForkStep for a step beyond its end.
 // A source that finished, or is still being driven, forks alike: the
-// copy is of the prefix as read, whatever is appended after it.
+// copy is of the prefix as read, whatever is appended after it. The
+// definition's sink hears the fork's RunStarted, then its own events.
+//
+// A fork started for an agent (req.Agent) is queued for that agent's
+// workers, who rebuild its definition and request from the agent: a fork
+// under parameters the agent does not build (another model, say) that
+// stops unfinished is then refused by their Resume (changed parameters)
+// and retried in vain. Fork such runs without an Agent, and resume them
+// in the program that forked them.
 func Fork(ctx context.Context, def Definition, req Request, source string, step int) (events.RunResult, error) {
 	cfg, err := prepare(def, req)
 	if err != nil {
@@ -86,6 +94,8 @@ func Fork(ctx context.Context, def Definition, req Request, source string, step 
 	switch {
 	case errors.Is(err, seams.ErrRunExists):
 		return events.RunResult{}, fmt.Errorf("engine: fork onto %q: %w", req.RunID, ErrRunExists)
+	case errors.Is(err, seams.ErrNoRun): // deleted since it was read
+		return events.RunResult{}, fmt.Errorf("engine: fork from %q: %w: %w", source, ErrRunNotFound, err)
 	case err != nil:
 		return events.RunResult{}, fmt.Errorf("engine: fork %q from %q at step %d: %w", req.RunID, source, step, err)
 	}
@@ -96,7 +106,11 @@ func Fork(ctx context.Context, def Definition, req Request, source string, step 
 	if _, err := m.log.Verdict(nil); err != nil {
 		return events.RunResult{}, fmt.Errorf("engine: fork %q: %w", req.RunID, err)
 	}
-	return newDriver(def, req, envs[len(envs)-1].ID).drive(ctx, m)
+	d := newDriver(def, req, envs[len(envs)-1].ID)
+	// The sink hears the fork's start, durable now, as it hears any run's;
+	// the copied events are the source's, delivered when they were written.
+	d.emit(ctx, envs[0])
+	return d.drive(ctx, m)
 }
 
 // forkPrefix reads source and finds the prefix a fork at step copies:

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
@@ -146,5 +149,70 @@ func TestForkRefusesWritingNothing(t *testing.T) {
 				t.Fatal("a refused fork wrote")
 			}
 		})
+	}
+}
+
+// TestAForksSinkHearsItsStart: the definition's sink hears the fork's
+// RunStarted — durable like any event — and then the fork's own events,
+// not the copied ones.
+func TestAForksSinkHearsItsStart(t *testing.T) {
+	store := &seamstest.MemStore{}
+	newAgent(store, "source", seamstest.Replies(sourceReplies...)...).run(t)
+	f := newAgent(store, "fork", seamstest.Replies(sourceReplies...)...)
+	sink := &seamstest.Sink{}
+	f.def.Events = sink
+	if _, err := engine.Fork(context.Background(), f.def, f.req, "source", 2); err != nil {
+		t.Fatal(err)
+	}
+	got := sink.Envelopes()
+	if len(got) == 0 || got[0].Kind != events.KindRunStarted || got[0].Event.(events.RunStarted).Fork == nil {
+		t.Fatalf("the sink heard first %v, want the fork's run_started", got)
+	}
+	for _, env := range got {
+		if id := events.RunIDOf(env.Event); id != "fork" {
+			t.Fatalf("the sink heard a copied event of %q", id)
+		}
+	}
+}
+
+// TestASourceWrittenBeforeChecksumsForks: values a schema 1.0 writer
+// stored carry no checksum and are copied as they are; every step of such
+// a source forks into a sound log.
+func TestASourceWrittenBeforeChecksumsForks(t *testing.T) {
+	ctx := context.Background()
+	files, _ := filepath.Glob("../events/testdata/wire-1.0/*.msgpack")
+	if len(files) < 11 {
+		t.Fatalf("%d 1.0 golden values", len(files))
+	}
+	var evs []events.Event
+	var raw [][]byte
+	for _, f := range files[:11] { // three steps, the run unfinished
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := events.Unmarshal("run-1", ulid.ULID{}, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, raw = append(evs, env.Event), append(raw, b)
+	}
+	store := &seamstest.MemStore{}
+	if _, err := store.Append(ctx, "run-1", ulid.ULID{}, evs...); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range raw {
+		store.Damage("run-1", i, func([]byte) []byte { return b }) // as the 1.0 writer stored it
+	}
+	v, err := recovery.Classify("run-1", soundLog(t, store, "run-1"))
+	if err != nil || len(v.Steps()) != 3 {
+		t.Fatalf("the 1.0 source: %d steps, %v", len(v.Steps()), err)
+	}
+	for k := 0; k <= 3; k++ {
+		f := newAgent(store, fmt.Sprintf("f%d", k), seamstest.Replies("-", "-", "-", "FINAL: x")...)
+		if _, err := engine.Fork(ctx, f.def, f.req, "run-1", k); err != nil {
+			t.Fatalf("fork at %d: %v", k, err)
+		}
+		soundLog(t, store, f.req.RunID)
 	}
 }

@@ -181,6 +181,17 @@ func Seal(b []byte, runID string, id ulid.ULID) error {
 	return nil
 }
 
+// Reseal seals a stored value copied into runID's stream under key id (a
+// fork's copy): as Seal, except that a value stored before checksums
+// (schema 1.0) carries none, is tied to no run or key, and is copied as
+// it is.
+func Reseal(b []byte, runID string, id ulid.ULID) error {
+	if !endsWithChecksum(b) {
+		return nil
+	}
+	return Seal(b, runID, id)
+}
+
 // SealedChecksum is the checksum a sealed value carries, for stores that
 // keep it beside the value too; ok is false for a value without one (1.0).
 func SealedChecksum(b []byte) (sum uint32, ok bool) {

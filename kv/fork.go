@@ -85,7 +85,7 @@ func (s *Store) ForkRun(ctx context.Context, runID string, started events.RunSta
 				for s.taken(tx, runID, tail) {
 					tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
 				}
-				if err := events.Seal(v[logHeader:], runID, tail); err != nil {
+				if err := events.Reseal(v[logHeader:], runID, tail); err != nil {
 					return err
 				}
 				if err := s.layout.put(tx, runID, uint64(info.Events), prev, tail, v); err != nil {

@@ -96,7 +96,7 @@ func (s *Store) ForkRun(ctx context.Context, runID string, started events.RunSta
 				env = prefix[i]
 			}
 			tail = s.ids.NextAfter(now, tail)
-			if err := events.Seal(vals[i], runID, tail); err != nil {
+			if err := events.Reseal(vals[i], runID, tail); err != nil {
 				return err
 			}
 			sum, _ := events.SealedChecksum(vals[i])

@@ -48,22 +48,32 @@ type Forks map[string][]Fork
 
 // NeverActionsFrom is how many actions with replay policy never stream
 // records executed (a StepCompleted whose action status is executed) in
-// its steps step and after: what a fork at step does not see of them.
+// its steps step and after, counting one whose outcome the log leaves in
+// doubt (its intent written to execute, its step not completed: it may
+// have happened): what a fork at step does not see of them.
 func NeverActionsFrom(stream []events.Envelope, step int) int {
 	never := map[int]bool{} // step index: its action's intent is never
-	n := 0
+	n, doubt := 0, -1       // doubt: the step whose never action may be in flight
 	for _, env := range stream {
 		switch e := env.Event.(type) {
 		case events.Intent:
 			if e.IntentKind == events.IntentAction {
 				never[e.CallIndex] = e.ReplayPolicy == events.ReplayNever
+				doubt = -1
+				if never[e.CallIndex] && e.Awaits != events.AwaitsApproval {
+					doubt = e.CallIndex
+				}
 			}
 		case events.StepCompleted:
 			s := e.Step
+			doubt = -1
 			if s.StepIdx >= step && never[s.StepIdx] && s.ActionStatus != nil && *s.ActionStatus == events.StatusExecuted {
 				n++
 			}
 		}
+	}
+	if doubt >= step {
+		n++
 	}
 	return n
 }

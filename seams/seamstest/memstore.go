@@ -214,7 +214,7 @@ func (m *MemStore) ForkRun(ctx context.Context, runID string, started events.Run
 		if i > 0 {
 			v = slices.Clone(v)
 		}
-		if err := events.Seal(v, runID, tail); err != nil {
+		if err := events.Reseal(v, runID, tail); err != nil {
 			return nil, err
 		}
 		env := s.env
