@@ -202,20 +202,36 @@ func linkForks(runs []Run, never map[string][]int) {
 // for the reader's medium.
 func Origin(o events.ForkOrigin, clip func(string) string) string {
 	s := fmt.Sprintf("forked from %s at step %d", clip(o.Run), o.Step)
-	if len(o.Ancestry) > 0 {
-		var parts []string
-		from := 0
-		for _, a := range o.Ancestry {
-			if from == 0 {
-				parts = append(parts, fmt.Sprintf("%s first ran in %s", stepRange(from, a.Steps), clip(a.Run)))
-			} else {
-				parts = append(parts, fmt.Sprintf("%s in %s", stepRange(from, a.Steps), clip(a.Run)))
+	if ranges := Ancestors(o); len(ranges) > 0 {
+		parts := make([]string, len(ranges))
+		for i, r := range ranges {
+			parts[i] = fmt.Sprintf("%s in %s", r.Steps, clip(r.Run))
+			if i == 0 {
+				parts[i] = fmt.Sprintf("%s first ran in %s", r.Steps, clip(r.Run))
 			}
-			from = a.Steps
 		}
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}
 	return s
+}
+
+// AncestorSteps is a range of a fork of a fork's copied steps and the
+// ancestor they first ran in: Steps is "step 0" or "steps 1–2".
+type AncestorSteps struct {
+	Steps string
+	Run   string
+}
+
+// Ancestors are the ranges of a fork's copied steps that first ran in an
+// ancestor of its source (ForkOrigin.Ancestry), oldest first.
+func Ancestors(o events.ForkOrigin) []AncestorSteps {
+	var out []AncestorSteps
+	from := 0
+	for _, a := range o.Ancestry {
+		out = append(out, AncestorSteps{Steps: stepRange(from, a.Steps), Run: a.Run})
+		from = a.Steps
+	}
+	return out
 }
 
 // stepRange is "step 0" or "steps 0–2": the steps from..to-1.

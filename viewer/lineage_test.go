@@ -29,6 +29,15 @@ func forked(t *testing.T) *httptest.Server {
 			t.Fatalf("fork %s: %v", f.id, err)
 		}
 	}
+	// A fork of a fork of a fork: its steps 0 and 1 first ran in two runs.
+	for _, f := range []struct{ id, from string }{{"grand", "fork"}, {"great", "grand"}} {
+		def := engine.Definition{Model: &seamstest.Model{Turns: seamstest.Replies("-", "-", `FINAL: again`)}, Parser: seamstest.Parser{}, Store: store}
+		req := request(f.id)
+		req.Budget.MaxSteps = 9
+		if _, err := engine.Fork(context.Background(), def, req, f.from, 2); err != nil {
+			t.Fatalf("fork %s: %v", f.id, err)
+		}
+	}
 	srv := httptest.NewServer(viewer.New(store, viewer.Options{}))
 	t.Cleanup(srv.Close)
 	return srv
@@ -49,6 +58,8 @@ func TestTheRunPageShowsLineage(t *testing.T) {
 			`<li>differs: budget.max_steps: &#34;5&#34; at start, now &#34;9&#34;</li>`,
 			`<p class="bad" id="unseen">the source executed 1 never action at step 1 and after (not seen by this fork): they happened in the world</p>`}},
 		{"source", []string{`<p id="forks">forks: <a href="run?id=fork">fork</a> at step 1</p>`}},
+		{"great", []string{`forked from <a href="run?id=grand">grand</a> at step <b>2</b>: steps 0–1 are copied from grand; ` +
+			`step 0 first ran in <a href="run?id=source">source</a>; step 1 ran in <a href="run?id=fork">fork</a></p>`}},
 		{"odd-fork", []string{`forked from <a href="run?id=odd%20%3c%26%3e%20source">odd &lt;&amp;&gt; source</a> at step <b>1</b>`}},
 		{"odd <&> source", []string{`forks: <a href="run?id=odd-fork">odd-fork</a> at step 1`}},
 	} {

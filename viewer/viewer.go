@@ -581,7 +581,10 @@ type runPage struct {
 	// Lineage.Unseen's words.
 	Lineage report.Lineage
 	Copied  string
-	Unseen  string
+	// Ancestors are a fork of a fork's copied steps by the run they
+	// first ran in (report.Ancestors).
+	Ancestors []report.AncestorSteps
+	Unseen    string
 
 	// A viewer that writes decisions (Options.Decide) offers them for
 	// DecideCall, the call of a run nobody drives that awaits a person or
@@ -642,6 +645,7 @@ func (h *handler) showRun(w http.ResponseWriter, r *http.Request, id string, ref
 		Live: report.Live(run.Info, run.Now), Holder: run.Holder(), Lineage: run.Lineage, Unseen: run.Lineage.Unseen()}
 	if o := run.Lineage.ForkedFrom; o != nil {
 		page.Copied = report.Copied(*o, func(id string) string { return id })
+		page.Ancestors = report.Ancestors(*o)
 	}
 	page.FollowURL = "api/follow?" + url.Values{"run": {id}, "after": {strconv.Itoa(len(stream))}, "live": {string(page.Live)}}.Encode()
 	causes := map[int]string{}
