@@ -15,7 +15,7 @@ import (
 
 // ErrForkStep: Fork was asked for a step beyond the source's completed
 // steps.
-var ErrForkStep = errors.New("engine: the fork's step is beyond the source's completed steps")
+var ErrForkStep = errors.New("step beyond the source's completed steps")
 
 // Fork starts the run req.RunID as a fork of the run source at step: its
 // log begins with the source's verified prefix up to the end of step
@@ -57,7 +57,7 @@ func Fork(ctx context.Context, def Definition, req Request, source string, step 
 	case source == req.RunID:
 		return events.RunResult{}, fmt.Errorf("%w: a run cannot be forked onto itself (%q)", ErrInvalidRequest, source)
 	case step < 0:
-		return events.RunResult{}, fmt.Errorf("engine: fork %q at step %d: %w", source, step, ErrForkStep)
+		return events.RunResult{}, fmt.Errorf("%w: fork step %d is negative", ErrInvalidRequest, step)
 	}
 	forker, ok := def.Store.(seams.RunForker)
 	if !ok {
@@ -129,7 +129,7 @@ func forkPrefix(ctx context.Context, store seams.RunStore, source string, step i
 	case len(stream) == 0:
 		return events.RunStarted{}, ulid.ULID{}, 0, fmt.Errorf("engine: fork from %q: %w", source, ErrRunNotFound)
 	case step > len(v.Steps()):
-		return events.RunStarted{}, ulid.ULID{}, 0, fmt.Errorf("engine: fork from %q at step %d: it completed %d: %w", source, step, len(v.Steps()), ErrForkStep)
+		return events.RunStarted{}, ulid.ULID{}, 0, fmt.Errorf("engine: fork from %q at step %d: %w (it completed %d)", source, step, ErrForkStep, len(v.Steps()))
 	}
 	started := stream[0].Event.(events.RunStarted)
 	completed := 0

@@ -129,7 +129,7 @@ func TestForkRefusesWritingNothing(t *testing.T) {
 		want   error
 	}{
 		{"a step beyond the source's end", "f1", "source", 5, engine.ErrForkStep},
-		{"a negative step", "f2", "source", -1, engine.ErrForkStep},
+		{"a negative step", "f2", "source", -1, engine.ErrInvalidRequest},
 		{"a source with no log", "f3", "nope", 0, engine.ErrRunNotFound},
 		{"a damaged source", "f4", "damaged", 1, recovery.ErrCorrupt},
 		{"onto a run that exists", "source", "damaged", 0, engine.ErrInvalidRequest},

@@ -141,6 +141,9 @@ func (s *Store) ForkRun(ctx context.Context, runID string, started events.RunSta
 // decoded with copies of their values: ErrForkPrefix unless through is
 // the stream's event n+1 (n events after RunStarted), seams.ErrNoRun for a
 // run the store does not hold, ErrCorrupt for a damaged row or value.
+// It checks less than Load: each value's own checksum, the sequence and
+// the key order, not the crc and kind columns nor the row's count and
+// last key against the whole stream (which it does not read).
 func (s *Store) prefix(ctx context.Context, tx pgx.Tx, source string, through ulid.ULID, n int) ([]events.Envelope, [][]byte, error) {
 	if n < 0 || through == (ulid.ULID{}) && n != 0 {
 		return nil, nil, fmt.Errorf("fork from %q: %d events up to %s: %w", source, n, through, seams.ErrForkPrefix)

@@ -37,8 +37,10 @@ func forkTurns(step int, replies []string) []string {
 
 // forkRun forks source at step onto newID under the demo's definition
 // (engine.Fork), its model replying replies from step on, and prints the
-// fork's run as polyloop-demo prints a run. A refusal is reported in
-// words, exit status 1: the step beyond the source's end, newID taken,
+// fork's run as polyloop-demo prints a run. A run of another agent forks
+// all the same, under the demo's agent: its recorded differences say how
+// far that is from the source's. A refusal is reported in words, exit
+// status 1: the step beyond the source's end, newID taken,
 // the source not in the store or corrupt, a store that forks no runs.
 func forkRun(ctx context.Context, store seams.RunStore, name, source string, step int, newID string, replies []string, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
@@ -60,7 +62,7 @@ func forkRun(ctx context.Context, store seams.RunStore, name, source string, ste
 	result, err := engine.Fork(ctx, def, req, source, step)
 	switch {
 	case errors.Is(err, engine.ErrForkStep):
-		return fail("run %q has no step %d to fork at: %v", source, step, err)
+		return fail("run %q has no step %d to fork at (polyloop-inspect steps lists its steps)", source, step)
 	case errors.Is(err, engine.ErrRunExists):
 		return fail("run %q exists in %s: a fork needs a new run id", newID, name)
 	case errors.Is(err, engine.ErrRunNotFound):

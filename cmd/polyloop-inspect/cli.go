@@ -134,7 +134,7 @@ observation found), then — without --json or --follow — the call the run
 awaits a person for, if any, with the polyloop-admin commands that decide
 it, and the run's lineage (as verify gives it). With --json, one JSON
 object per line: id, time, kind, schema_version, payload (a fork's
-run_started payload has its fork: run, step, last_key, differences).
+run_started payload has its fork: run, step, last_key, differences, ancestry).
 With --follow, keeps printing events as they become durable until the run
 finishes (or Ctrl-C). A run not in the store is an error. While nobody
 drives the run (awaiting a worker, or interrupted) it says so once on
