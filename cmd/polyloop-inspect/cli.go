@@ -203,7 +203,8 @@ A forked run exports its own trajectory, the steps copied from its source
 included, with its own run_id: its rows whose step_idx is below the step it
 was forked at (forked_from.step in verify --json, and in its run_started
 event) are the source's steps, copied; the rest are its own. The rows keep
-the eighteen fields, so nothing in a row marks a copied step. The source's
+the eighteen fields; a copied row also says copied_from, the run the step
+first ran in, beside run_id. The source's
 never actions at that step and after happened in the world and are in the
 source's rows only; the fork's model did not see them.
 `},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/recovery"
 	"github.com/polyloop/polyloop/seams"
@@ -15,7 +16,8 @@ func exportFlags(fs *flag.FlagSet, c *call) {
 }
 
 // exportCommand prints one JSON Lines table of the steps of many runs: each
-// row the StepRecord's eighteen fields with run_id first. A run that cannot
+// row the StepRecord's eighteen fields with run_id first, and, in a fork's
+// rows of the steps it copied, copied_from: the run the step first ran in. A run that cannot
 // be loaded, is not in the store or is corrupt is reported on standard
 // error and the others are exported; the exit status is then 1.
 func exportCommand(c *call) int {
@@ -55,6 +57,10 @@ func (c *call) exportIn(s seams.RunReader) int {
 		if err != nil {
 			return c.fail("run id %q: %v", clip(id, 80), err)
 		}
+		var origin *events.ForkOrigin
+		if started, ok := stream[0].Event.(events.RunStarted); ok {
+			origin = started.Fork
+		}
 		for _, step := range projections.Fold(stream).Trajectory() {
 			var row bytes.Buffer
 			enc := json.NewEncoder(&row)
@@ -66,6 +72,12 @@ func (c *call) exportIn(s seams.RunReader) int {
 			c.stdout.Write([]byte(`{"run_id":`))
 			c.stdout.Write(prefix)
 			c.stdout.Write([]byte(","))
+			if origin != nil && step.StepIdx < origin.Step {
+				from, _ := json.Marshal(origin.RunOfStep(step.StepIdx))
+				c.stdout.Write([]byte(`"copied_from":`))
+				c.stdout.Write(from)
+				c.stdout.Write([]byte(","))
+			}
 			c.stdout.Write(row.Bytes()[1:])
 		}
 	}
