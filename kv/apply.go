@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
@@ -69,19 +70,9 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	now := s.clock()
 	envs := make([]events.Envelope, len(r.evs))
 	for i, ev := range r.evs {
-		prev := tail
-		tail = s.ids.NextAfter(now, tail)
-		for s.taken(tx, r.runID, tail) {
-			tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
-		}
-		if err := events.Seal(r.vals[i][logHeader:], r.runID, tail); err != nil {
-			return &writeError{err}
-		}
-		if err := s.layout.put(tx, r.runID, uint64(info.Events), prev, tail, r.vals[i]); err != nil {
-			return &writeError{fmt.Errorf("kv: put event of run %q: %w", r.runID, err)}
-		}
-		if tail.Compare(s.highest.key) > 0 {
-			s.highest.key = tail
+		var err error
+		if tail, err = s.putValue(tx, r.runID, uint64(info.Events), now, tail, r.vals[i], events.Seal); err != nil {
+			return &writeError{fmt.Errorf("kv: %w", err)}
 		}
 		envs[i] = events.Envelope{ID: tail, Kind: ev.Kind(), SchemaVersion: events.CurrentSchemaVersion, Event: ev}
 		info.Apply(envs[i])
@@ -101,6 +92,29 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	s.written.put(info, raw)
 	r.envs = envs
 	return nil
+}
+
+// putValue writes v — a stored value, its log header first — as runID's
+// event number seq after the one keyed prev, under the next key after prev
+// that no other run has taken (another run's clock may have been ahead),
+// sealed for runID by seal (events.Seal; events.Reseal for a fork's copy),
+// and returns the key. It is how Append and ForkRun write every event.
+func (s *Store) putValue(tx *bolt.Tx, runID string, seq uint64, now time.Time, prev ulid.ULID, v []byte,
+	seal func([]byte, string, ulid.ULID) error) (ulid.ULID, error) {
+	key := s.ids.NextAfter(now, prev)
+	for s.taken(tx, runID, key) {
+		key = s.ids.NextAfter(now, key)
+	}
+	if err := seal(v[logHeader:], runID, key); err != nil {
+		return key, err
+	}
+	if err := s.layout.put(tx, runID, seq, prev, key, v); err != nil {
+		return key, fmt.Errorf("put event of run %q: %w", runID, err)
+	}
+	if key.Compare(s.highest.key) > 0 {
+		s.highest.key = key
+	}
+	return key, nil
 }
 
 // enqueue keeps the queue beside an append that starts or finishes r's

@@ -80,19 +80,8 @@ func (s *Store) ForkRun(ctx context.Context, runID string, started events.RunSta
 				if i > 0 {
 					v, env = append(make([]byte, logHeader, logHeader+len(vals[i])), vals[i]...), prefix[i]
 				}
-				prev := tail
-				tail = s.ids.NextAfter(now, tail)
-				for s.taken(tx, runID, tail) {
-					tail = s.ids.NextAfter(now, tail) // another run took it (its clock was ahead)
-				}
-				if err := events.Reseal(v[logHeader:], runID, tail); err != nil {
+				if tail, err = s.putValue(tx, runID, uint64(info.Events), now, tail, v, events.Reseal); err != nil {
 					return err
-				}
-				if err := s.layout.put(tx, runID, uint64(info.Events), prev, tail, v); err != nil {
-					return fmt.Errorf("put event of run %q: %w", runID, err)
-				}
-				if tail.Compare(s.highest.key) > 0 {
-					s.highest.key = tail
 				}
 				env.ID = tail
 				info.Apply(env)
