@@ -234,6 +234,10 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 	defer release()
 	in := input{kind: inBegin}
 	for {
+		// A call or action a resumed run's first command asks for is
+		// one its log's tail left without a result: a replay, which the
+		// sink learns of through the context of the emits that follow.
+		replay := in.kind == inBegin && d.tail != (ulid.ULID{})
 		cmd := m.step(d.observe(ctx, in))
 		switch cmd.kind {
 		case cmdAppend:
@@ -246,11 +250,17 @@ func (d *driver) drive(ctx context.Context, m *machine) (events.RunResult, error
 			if err := d.holds(wctx, "calling the model"); err != nil {
 				return events.RunResult{}, err
 			}
+			if replay {
+				wctx = seams.WithReplay(wctx, seams.Replay{ResultID: cmd.model.ResultID, At: time.Now()})
+			}
 			reply, err := d.callModel(ctx, cmd.model)
 			in = input{kind: inModelReturned, reply: reply, err: err}
 		case cmdExecute:
 			if err := d.holds(wctx, "executing the action of step "+strconv.Itoa(cmd.action.StepIdx)); err != nil {
 				return events.RunResult{}, err
+			}
+			if replay {
+				wctx = seams.WithReplay(wctx, seams.Replay{ResultID: cmd.action.ResultID, At: time.Now()})
 			}
 			out, err := d.execute(ctx, cmd.action)
 			in = input{kind: inActionReturned, outcome: out, err: err}

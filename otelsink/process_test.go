@@ -23,6 +23,7 @@ const (
 	childStore = "OTELSINK_CHILD_STORE" // the child runs the agent on this file
 	childSpans = "OTELSINK_CHILD_SPANS" // and writes its spans here
 	childCrash = "OTELSINK_CHILD_CRASH" // crashing after this many appends
+	childDies  = "OTELSINK_CHILD_DIES"  // and then exiting without a Shutdown
 )
 
 func TestMain(m *testing.M) {
@@ -54,7 +55,8 @@ func (e *lineExporter) ExportSpans(_ context.Context, ss []sdktrace.ReadOnlySpan
 func (e *lineExporter) Shutdown(context.Context) error { return nil }
 
 // runChild is the first process: it runs the agent until its store
-// "crashes", exports its spans and exits.
+// "crashes", exports its spans and exits — or, with childDies, exits as a
+// killed process does, its batch processor's spans lost.
 func runChild() int {
 	store, err := kv.Open(os.Getenv(childStore), kv.Options{})
 	if err != nil {
@@ -67,7 +69,9 @@ func runChild() int {
 	sink := otelsink.New(&lineExporter{path: os.Getenv(childSpans)}, otelsink.Options{})
 	def, req := agent(&proptest.CrashingStore{Inner: store, After: after}, sink, script())
 	_, err = engine.Run(context.Background(), def, req)
-	sink.Shutdown(context.Background())
+	if os.Getenv(childDies) == "" {
+		sink.Shutdown(context.Background())
+	}
 	if !errors.Is(err, proptest.ErrCrashed) {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 4
@@ -77,48 +81,63 @@ func runChild() int {
 
 // TestAResumeInAnotherProcessContinuesTheTrace: a child process runs the
 // agent until it crashes; this process resumes the run with its own sink.
-// The spans of both processes form one trace, each span once.
+// The spans of both processes form one trace holding every span; the
+// resuming process exports all of them, those of the steps before the
+// resume again (a span id twice, the same span), since the child may have
+// died with them unexported — as it does when it exits without a
+// Shutdown.
 func TestAResumeInAnotherProcessContinuesTheTrace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
 	for _, crash := range []int{2, 4} {
-		dir := t.TempDir()
-		path, spansFile := filepath.Join(dir, "s.db"), filepath.Join(dir, "spans")
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childStore+"="+path, childSpans+"="+spansFile, fmt.Sprint(childCrash, "=", crash))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("child: %v\n%s", err, out)
-		}
-		b, _ := os.ReadFile(spansFile)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		store, err := kv.Open(path, kv.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		second := spans(t, otelsink.Options{Runs: store}, func(sink *otelsink.Sink) {
-			def, req := agent(store, sink, script())
-			if _, err := engine.Resume(context.Background(), def, req); err != nil {
+		for _, dies := range []bool{false, true} {
+			dir := t.TempDir()
+			path, spansFile := filepath.Join(dir, "s.db"), filepath.Join(dir, "spans")
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), childStore+"="+path, childSpans+"="+spansFile, fmt.Sprint(childCrash, "=", crash))
+			if dies {
+				cmd.Env = append(cmd.Env, childDies+"=1")
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("child: %v\n%s", err, out)
+			}
+			b, _ := os.ReadFile(spansFile)
+			var lines []string
+			if len(b) > 0 {
+				lines = strings.Split(strings.TrimSpace(string(b)), "\n")
+			}
+			exported := len(lines)
+			store, err := kv.Open(path, kv.Options{})
+			if err != nil {
 				t.Fatal(err)
 			}
-		})
-		store.Close()
-		for _, s := range second {
-			lines = append(lines, fmt.Sprintf("%s %s %s", s.SpanContext.TraceID(), s.SpanContext.SpanID(), s.Name))
-		}
-		seen, trace := map[string]bool{}, ""
-		for _, l := range lines {
-			f := strings.SplitN(l, " ", 3)
-			if trace == "" {
-				trace = f[0]
+			second := spans(t, otelsink.Options{Runs: store}, func(sink *otelsink.Sink) {
+				def, req := agent(store, sink, script())
+				if _, err := engine.Resume(context.Background(), def, req); err != nil {
+					t.Fatal(err)
+				}
+			})
+			store.Close()
+			for _, s := range second {
+				lines = append(lines, fmt.Sprintf("%s %s %s", s.SpanContext.TraceID(), s.SpanContext.SpanID(), s.Name))
 			}
-			if f[0] != trace || seen[f[1]] {
-				t.Fatalf("crash %d: spans of two traces or a span twice:\n%s", crash, strings.Join(lines, "\n"))
+			names, trace := map[string]string{}, ""
+			for _, l := range lines {
+				f := strings.SplitN(l, " ", 3)
+				if trace == "" {
+					trace = f[0]
+				}
+				if name, seen := names[f[1]]; f[0] != trace || seen && name != f[2] {
+					t.Fatalf("crash %d: spans of two traces or two spans of one id:\n%s", crash, strings.Join(lines, "\n"))
+				}
+				names[f[1]] = f[2]
 			}
-			seen[f[1]] = true
-		}
-		if len(lines) != 8 || len(second) == 8 {
-			t.Fatalf("crash %d: %d spans, %d from the resuming process", crash, len(lines), len(second))
+			if len(names) != 8 || len(second) != 8 {
+				t.Fatalf("crash %d (child dies: %t): %d spans, %d from the resuming process, %d from the child",
+					crash, dies, len(names), len(second), exported)
+			}
+			t.Logf("crash %d (child dies: %t): the child exported %d spans, the resuming process 8", crash, dies, exported)
 		}
 	}
 }

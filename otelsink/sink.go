@@ -102,6 +102,7 @@ const (
 	keyDecisionNote    = attribute.Key("polyloop.decision.note")
 	keyEditedArguments = attribute.Key("polyloop.decision.arguments")
 	keyFoundObserved   = attribute.Key("polyloop.decision.observation")
+	keyReplayed        = attribute.Key("polyloop.replayed")
 
 	eventAwaiting = "polyloop.awaiting"
 	eventDecision = "polyloop.decision"
@@ -131,19 +132,28 @@ type Options struct {
 	// QueueSize bounds the events waiting to be turned into spans (default
 	// 1024).
 	QueueSize int
-	// Resource describes the service (default: the SDK's default resource).
+	// Resource describes the service (default: the SDK's default
+	// resource). New only: with NewWithProvider the provider's resource
+	// does.
 	Resource *resource.Resource
-	// Runs, when set, lets a process that resumed a run find the run's
-	// start time for its invoke_agent span (the span then starts at the
-	// run's first event). Without it such a span starts at the earliest
-	// event this process saw of the run.
+	// Runs, when set, lets a process that resumes a run it did not see
+	// start read the run's log: the run's start time for its invoke_agent
+	// span, and the events written before the resume, whose spans it
+	// exports (a crashed process may not have). Without it such a span
+	// starts at the earliest event this process saw of the run, and the
+	// spans of the steps before the resume are only those the other
+	// process exported.
 	Runs seams.RunReader
 }
 
 // Sink is the EventSink. Use one per process; it serves every run.
 type Sink struct {
-	o       Options
+	o Options
+	// tp is New's own provider, nil under NewWithProvider; flusher is
+	// the provider's ForceFlush when it has one.
 	tp      *sdktrace.TracerProvider
+	flusher interface{ ForceFlush(context.Context) error }
+	derived bool // ids derive from the run and result ids (New)
 	tracer  trace.Tracer
 	queue   chan item
 	done    chan struct{}
@@ -157,9 +167,13 @@ type Sink struct {
 	runs map[string]*runState
 }
 
-// item is a queued event, or (flushed set) a marker ForceFlush waits for.
+// item is a queued event with what Emit's context said of it — the
+// caller's span, a replay — or (flushed set) a marker ForceFlush waits
+// for.
 type item struct {
 	env     events.Envelope
+	caller  trace.SpanContext
+	replay  *seams.Replay
 	flushed chan struct{}
 }
 
@@ -167,6 +181,11 @@ type item struct {
 type runState struct {
 	start time.Time // the run's first event seen here (or loaded)
 	model string    // the binding's model, for chat spans
+	// span is the run's invoke_agent span, started at the first event a
+	// driver wrote that the worker saw (not a decision, which a caller
+	// emits), under the span in that event's context if it had one, and
+	// ended when the run finishes.
+	span trace.Span
 	// waits are, by result id, the awaiting intents and decisions seen of
 	// actions whose step has not completed, in the order written.
 	waits map[string][]mark
@@ -228,15 +247,12 @@ func undecided(marks []mark) bool {
 	return n > 0
 }
 
+const tracerName = "github.com/polyloop/polyloop/otelsink"
+
 // New returns a sink exporting spans with exporter (through a batching
-// processor).
+// processor), their trace and span ids derived from the run and result
+// ids.
 func New(exporter sdktrace.SpanExporter, o Options) *Sink {
-	if o.AgentName == "" {
-		o.AgentName = "polyloop"
-	}
-	if o.QueueSize <= 0 {
-		o.QueueSize = 1024
-	}
 	opts := []sdktrace.TracerProviderOption{
 		sdktrace.WithIDGenerator(derivedIDs{}),
 		sdktrace.WithBatcher(exporter),
@@ -245,15 +261,49 @@ func New(exporter sdktrace.SpanExporter, o Options) *Sink {
 	if o.Resource != nil {
 		opts = append(opts, sdktrace.WithResource(o.Resource))
 	}
-	s := &Sink{o: o, tp: sdktrace.NewTracerProvider(opts...), queue: make(chan item, o.QueueSize),
-		done: make(chan struct{}), runs: map[string]*runState{}}
-	s.tracer = s.tp.Tracer("github.com/polyloop/polyloop/otelsink")
+	tp := sdktrace.NewTracerProvider(opts...)
+	s := newSink(tp.Tracer(tracerName), o)
+	s.tp, s.flusher, s.derived = tp, tp, true
 	go s.work()
 	return s
 }
 
-// Emit implements seams.EventSink: it queues env and returns at once.
-func (s *Sink) Emit(_ context.Context, env events.Envelope) error {
+// NewWithProvider returns a sink starting its spans with tp's tracer —
+// the service's provider, with its resource, sampler, processors and
+// exporters; the provider chooses the spans' ids. Shutdown leaves tp to
+// its owner. It refuses a nil tp, and Options.Resource, which the
+// provider's resource replaces.
+func NewWithProvider(tp trace.TracerProvider, o Options) (*Sink, error) {
+	switch {
+	case tp == nil:
+		return nil, errors.New("otelsink: NewWithProvider: the tracer provider is nil")
+	case o.Resource != nil:
+		return nil, errors.New("otelsink: NewWithProvider: Options.Resource is set; with a provider, the provider's resource describes the service")
+	}
+	s := newSink(tp.Tracer(tracerName), o)
+	s.flusher, _ = tp.(interface{ ForceFlush(context.Context) error })
+	go s.work()
+	return s, nil
+}
+
+func newSink(tracer trace.Tracer, o Options) *Sink {
+	if o.AgentName == "" {
+		o.AgentName = "polyloop"
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 1024
+	}
+	return &Sink{o: o, tracer: tracer, queue: make(chan item, o.QueueSize), done: make(chan struct{}), runs: map[string]*runState{}}
+}
+
+// Emit implements seams.EventSink: it queues env, with the span ctx
+// carries (the parent of a run's span) and the replay it reports, and
+// returns at once.
+func (s *Sink) Emit(ctx context.Context, env events.Envelope) error {
+	it := item{env: env, caller: trace.SpanContextFromContext(ctx)}
+	if r, ok := seams.ReplayOf(ctx); ok {
+		it.replay = &r
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
@@ -261,7 +311,7 @@ func (s *Sink) Emit(_ context.Context, env events.Envelope) error {
 		return ErrDropped
 	}
 	select {
-	case s.queue <- item{env: env}:
+	case s.queue <- it:
 		return nil
 	default:
 		s.dropped.Add(1)
@@ -278,13 +328,14 @@ func (s *Sink) Parameters() map[string]string { return nil }
 func (s *Sink) Dropped() int64 { return s.dropped.Load() }
 
 // ForceFlush turns every event queued so far into spans and exports them.
-// Unlike Emit it waits (for the queue, then the exporter), up to ctx.
+// Unlike Emit it waits (for the queue, then the exporter or the
+// provider's ForceFlush), up to ctx.
 func (s *Sink) ForceFlush(ctx context.Context) error {
 	done := make(chan struct{})
 	s.mu.RLock()
 	if s.closed { // shut down: nothing is queued any more
 		s.mu.RUnlock()
-		return s.tp.ForceFlush(ctx)
+		return s.flush(ctx)
 	}
 	select {
 	case s.queue <- item{flushed: done}:
@@ -298,11 +349,20 @@ func (s *Sink) ForceFlush(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return s.tp.ForceFlush(ctx)
+	return s.flush(ctx)
+}
+
+func (s *Sink) flush(ctx context.Context) error {
+	if s.flusher == nil {
+		return nil
+	}
+	return s.flusher.ForceFlush(ctx)
 }
 
 // Shutdown stops accepting events, turns the queued ones into spans, and
-// flushes and shuts down the exporter.
+// flushes and shuts down New's exporter; under NewWithProvider it flushes
+// the provider, which its owner shuts down. The span of a run not
+// finished stays open, unexported.
 func (s *Sink) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if !s.closed {
@@ -315,6 +375,9 @@ func (s *Sink) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if s.tp == nil {
+		return s.flush(ctx)
+	}
 	return s.tp.Shutdown(ctx)
 }
 
@@ -325,64 +388,94 @@ func (s *Sink) work() {
 			close(it.flushed)
 			continue
 		}
-		s.handle(it.env)
+		s.handle(it)
 	}
 }
 
 // handle turns one event into what it ends: a chat span (a model result),
 // an execute_tool span (a completed step with an action or a rejected tool
 // call), the invoke_agent span (the run's end).
-func (s *Sink) handle(env events.Envelope) {
+func (s *Sink) handle(it item) {
+	env := it.env
 	runID := events.RunIDOf(env.Event)
 	st := s.runs[runID]
 	if st == nil {
 		st = &runState{start: env.Time()}
-		if _, fresh := env.Event.(events.RunStarted); !fresh && s.o.Runs != nil { // a run resumed here: look its start up
-			if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil && len(stream) > 0 {
-				st.start = stream[0].Time()
-				if rs, ok := stream[0].Event.(events.RunStarted); ok {
-					st.model = rs.ParameterSnapshot["binding.model"]
-				}
-				// What people were asked and answered in the step in
-				// progress, which another process wrote.
-				for _, e := range stream {
-					if e.ID.Compare(env.ID) >= 0 {
-						break
-					}
-					if sc, ok := e.Event.(events.StepCompleted); ok {
-						delete(st.waits, sc.ResultID)
-					}
-					st.note(e)
-				}
-			}
-		}
 		s.runs[runID] = st
 	}
+	if _, decision := env.Event.(events.Decision); st.span == nil && !decision {
+		s.begin(runID, st, it)
+	}
+	s.apply(runID, st, it)
+}
+
+// begin starts the run's span at the first event a driver wrote that this
+// sink sees. A run it did not see start (resumed here) is read from
+// Options.Runs: its start time and model, and the events before env,
+// whose spans are exported again — the process that wrote them may have
+// died before its exporter sent them.
+func (s *Sink) begin(runID string, st *runState, it item) {
+	env := it.env
+	var past []events.Envelope
+	if _, fresh := env.Event.(events.RunStarted); !fresh && s.o.Runs != nil {
+		if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil && len(stream) > 0 {
+			if t := stream[0].Time(); t.Before(st.start) {
+				st.start = t
+			}
+			for _, e := range stream {
+				if e.ID.Compare(env.ID) >= 0 {
+					break
+				}
+				past = append(past, e)
+			}
+		}
+	}
+	ctx := context.WithValue(context.Background(), wantKey{}, want{trace: traceID(runID), span: spanID(runID, "")})
+	if it.caller.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, it.caller)
+	}
+	_, st.span = s.tracer.Start(ctx, opInvokeAgent+" "+s.o.AgentName, trace.WithTimestamp(st.start),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(keyOperationName.String(opInvokeAgent),
+			keyAgentName.String(s.o.AgentName), keyConversationID.String(runID)))
+	for _, e := range past {
+		s.apply(runID, st, item{env: e})
+	}
+}
+
+// apply turns an event of the run into the span it ends, if any.
+func (s *Sink) apply(runID string, st *runState, it item) {
+	env := it.env
 	switch ev := env.Event.(type) {
 	case events.RunStarted:
 		st.model = ev.ParameterSnapshot["binding.model"]
 	case events.Intent, events.Decision:
 		st.note(env)
 	case events.ModelCallResult:
-		s.chatSpan(runID, st, env, ev)
+		s.chatSpan(runID, st, it, ev)
 	case events.StepCompleted:
-		s.toolSpan(runID, st, env, ev)
+		s.toolSpan(runID, st, it, ev)
 	case events.RunFinished:
-		s.runSpan(runID, st, env, ev)
+		s.runSpan(st, env, ev)
 		delete(s.runs, runID)
 	}
 }
 
-// child starts a span under the run's span, with the ids derived from the
-// run and the result id.
-func (s *Sink) child(runID, resultID, name string, start time.Time, attrs ...attribute.KeyValue) trace.Span {
-	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID(runID), SpanID: spanID(runID, ""),
-		TraceFlags: trace.FlagsSampled, Remote: true})
-	ctx := trace.ContextWithSpanContext(context.Background(), parent)
-	ctx = context.WithValue(ctx, wantKey{}, want{trace: traceID(runID), span: spanID(runID, resultID)})
+// child starts a span under the run's span, its id (under New) derived
+// from the run and key, at start — or, for the call a resumed run made
+// again (it.replay names it), at the replay, marked replayed.
+func (s *Sink) child(runID string, st *runState, it item, key, name string, start time.Time, attrs ...attribute.KeyValue) trace.Span {
+	ctx := trace.ContextWithSpanContext(context.Background(), st.span.SpanContext())
+	ctx = context.WithValue(ctx, wantKey{}, want{trace: st.span.SpanContext().TraceID(), span: spanID(runID, key)})
 	kind := trace.SpanKindInternal // execute_tool: the tool runs in this process
 	if strings.HasPrefix(name, opChat) {
 		kind = trace.SpanKindClient // a call to the model's provider
+	}
+	if r := it.replay; r != nil && r.ResultID == key {
+		start = r.At
+		if end := it.env.Time(); start.After(end) { // the end is a ULID's, in whole milliseconds
+			start = end
+		}
+		attrs = append(attrs, keyReplayed.Bool(true))
 	}
 	_, span := s.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 	return span
@@ -399,14 +492,15 @@ func startOf(resultID string, fallback time.Time) time.Time {
 	return fallback
 }
 
-func (s *Sink) chatSpan(runID string, st *runState, env events.Envelope, ev events.ModelCallResult) {
+func (s *Sink) chatSpan(runID string, st *runState, it item, ev events.ModelCallResult) {
+	env := it.env
 	name := opChat
 	attrs := []attribute.KeyValue{keyOperationName.String(opChat), keyConversationID.String(runID)}
 	if st.model != "" {
 		name += " " + st.model
 		attrs = append(attrs, keyRequestModel.String(st.model))
 	}
-	span := s.child(runID, ev.ResultID, name, startOf(ev.ResultID, env.Time()), attrs...)
+	span := s.child(runID, st, it, ev.ResultID, name, startOf(ev.ResultID, env.Time()), attrs...)
 	if r := ev.Reply; r != nil {
 		if r.CallID != "" {
 			span.SetAttributes(keyResponseID.String(r.CallID))
@@ -431,7 +525,8 @@ func (s *Sink) chatSpan(runID string, st *runState, env events.Envelope, ev even
 	span.End(trace.WithTimestamp(env.Time()))
 }
 
-func (s *Sink) toolSpan(runID string, st *runState, env events.Envelope, ev events.StepCompleted) {
+func (s *Sink) toolSpan(runID string, st *runState, it item, ev events.StepCompleted) {
+	env := it.env
 	rec := ev.Step
 	if rec.Action == nil || ev.ActionOutcome == nil {
 		return // no action: a final answer, a parse failure, a failed model call
@@ -450,7 +545,7 @@ func (s *Sink) toolSpan(runID string, st *runState, env events.Envelope, ev even
 		key, start = ev.ResultID, startOf(ev.ResultID, env.Time())
 		attrs = append(attrs, keyToolCallID.String(ev.ResultID))
 	}
-	span := s.child(runID, key, name, start, attrs...)
+	span := s.child(runID, st, it, key, name, start, attrs...)
 	if ev.ResultID != "" {
 		s.waitEvents(runID, st, ev.ResultID, span)
 	}
@@ -532,12 +627,10 @@ func clip(s string) string {
 	return events.Clip(s, MaxDecisionText-len("…")) + "…"
 }
 
-func (s *Sink) runSpan(runID string, st *runState, env events.Envelope, ev events.RunFinished) {
-	ctx := context.WithValue(context.Background(), wantKey{}, want{trace: traceID(runID), span: spanID(runID, "")})
-	_, span := s.tracer.Start(ctx, opInvokeAgent+" "+s.o.AgentName, trace.WithTimestamp(st.start),
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithNewRoot(), trace.WithAttributes(
-			keyOperationName.String(opInvokeAgent), keyAgentName.String(s.o.AgentName),
-			keyConversationID.String(runID), keyStopReason.String(string(ev.Result.StopReason))))
+// runSpan ends the run's span at its end.
+func (s *Sink) runSpan(st *runState, env events.Envelope, ev events.RunFinished) {
+	span := st.span
+	span.SetAttributes(keyStopReason.String(string(ev.Result.StopReason)))
 	switch ev.Result.StopReason {
 	case events.StopEnvError, events.StopLLMError, events.StopResumeStateUnknown:
 		span.SetAttributes(keyErrorType.String(string(ev.Result.StopReason)))

@@ -2,6 +2,7 @@ package seams
 
 import (
 	"context"
+	"time"
 
 	"github.com/polyloop/polyloop/events"
 )
@@ -47,9 +48,39 @@ type ActionExecutor interface {
 // EventSink receives each event after it is durable, in order. Errors and
 // panics are counted in RunResult.EventDeliveryFailures and never change the
 // run. Emit should not block for long: it runs on the run's goroutine.
+//
+// The ctx of Emit carries the values of the context the run is driven
+// under (Run's or Resume's: a caller's trace span, say) without its
+// cancellation, and, once a resumed run makes again a model call or an
+// action whose intent a crash left without its result, a Replay
+// (ReplayOf).
 type EventSink interface {
 	Emit(ctx context.Context, e events.Envelope) error
 	Parameters() map[string]string
+}
+
+// Replay is a model call or action a resumed run made again (its
+// replay policy safe): the result id of its intent, written before the
+// crash, and when the driver that resumed the run began it again. The log
+// does not tell a replayed call's result from a result made once; the
+// driver says so in the context it passes EventSink.Emit, from the
+// replay on.
+type Replay struct {
+	ResultID string
+	At       time.Time
+}
+
+type replayKey struct{}
+
+// WithReplay returns ctx carrying r.
+func WithReplay(ctx context.Context, r Replay) context.Context {
+	return context.WithValue(ctx, replayKey{}, r)
+}
+
+// ReplayOf returns the Replay ctx carries, if any.
+func ReplayOf(ctx context.Context) (Replay, bool) {
+	r, ok := ctx.Value(replayKey{}).(Replay)
+	return r, ok
 }
 
 // Role is a message's author.
