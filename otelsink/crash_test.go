@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -325,5 +326,28 @@ func TestAReplayedCallIsMarked(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestNewWithProviderRefusesBadInput: no provider, or a resource the
+// provider's would silently replace, is refused, naming what is wrong.
+func TestNewWithProviderRefusesBadInput(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.Background())
+	for _, c := range []struct {
+		name string
+		tp   trace.TracerProvider
+		o    otelsink.Options
+		want string
+	}{
+		{"no provider", nil, otelsink.Options{}, "the tracer provider is nil"},
+		{"a resource", tp, otelsink.Options{Resource: resource.Default()}, "Options.Resource is set"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sink, err := otelsink.NewWithProvider(c.tp, c.o)
+			if err == nil || !strings.Contains(err.Error(), c.want) || sink != nil {
+				t.Fatalf("NewWithProvider: %v, %v; want an error saying %q", sink, err, c.want)
+			}
+		})
 	}
 }
