@@ -3,7 +3,7 @@
 //
 //   - one "invoke_agent {agent}" span per run (gen_ai.operation.name,
 //     gen_ai.agent.name, gen_ai.conversation.id = the run id, and the stop
-//     reason as polyloop.stop_reason), emitted when the run finishes;
+//     reason as polyloop.stop_reason), ended when the run finishes;
 //   - a "chat {model}" span per model call (gen_ai.request.model from the
 //     run's model binding, gen_ai.response.id = the provider's call id,
 //     gen_ai.usage.input_tokens and gen_ai.usage.output_tokens when
@@ -36,22 +36,68 @@
 // Spans are built from the durable events, not from the calls as they
 // happen: a span starts when its side effect's result id was minted (the
 // id is a ULID, so it carries that time) and ends at its result's durable
-// time. Trace and span ids derive deterministically from the run id and the
-// result ids, so a run that crashed and was resumed — even in another
-// process — continues one trace, and since each result is durable exactly
-// once, no span is emitted twice.
+// time. The run's span starts at the run's first event and is started when
+// the sink sees the first event a driver wrote of the run. The engine
+// hands Emit the values of the context engine.Run or engine.Resume was
+// given: when that context carries a span (a service's request span), the
+// run's span is its child, in its trace.
+//
+// A model call or action a resumed run made again — its intent durable
+// before a crash, its result not — has a span marked polyloop.replayed
+// that starts when the resume made it again, not before the downtime: the
+// engine says so in Emit's context (seams.Replay). The log does not, so
+// only the process that made the replay knows.
+//
+// A crash loses the spans its process's span processor had not exported
+// yet (the SDK's batch processor holds them for seconds). So a sink that
+// first sees a run it did not see start — a resume in this process after
+// another sink, or in another process — reads the run's log
+// (Options.Runs) and exports the spans of the events written before the
+// resume before those it makes: the resuming process's trace holds every
+// span of the run, and what the crashed process did export is exported
+// twice.
+//
+// # Ids: New and NewWithProvider
+//
+// New builds the sink's own provider, whose trace and span ids derive
+// from the run id and the result ids. A run driven without a caller's span
+// is, in every process that drives it, the trace derived from its run id;
+// a span exported again has the trace id, span id, parent, times and
+// attributes of the copy a crashed process may have exported (but for a
+// replayed call, which the later process knows only as the log shows it,
+// from its intent). OTLP allows such a duplicate — its delivery is at
+// least once, a client resending what was not acknowledged — and backends
+// that dedupe spans by id or content keep one (Tempo does when it reads a
+// trace and when it compacts, Jaeger drops a span whose content repeats).
+// A run driven under a caller's span is in the caller's trace, its span
+// ids derived as well; resumed by a process that did not see it start,
+// under another caller's span (or none), it is in that caller's trace (or
+// its own) from then on, that trace holding every span of the run, and the
+// spans the crashed process exported stay in the first trace, under a run
+// span that never ended there.
+//
+// NewWithProvider starts spans with a service's provider, which chooses
+// the ids: a run is one trace per process that drives it, under the span of
+// the context it is driven in or a root of its own. The run's span is
+// open from the sink's first sight of the run to its end, its children
+// point at it, and the trace of the process that finishes the run holds
+// every span of the run (with Options.Runs); a crashed process's exported spans stay in its
+// own trace, under a run span that was never exported, and are not
+// duplicates of the later ones for any backend (other ids).
 //
 // Prompts are not in the log and never in spans; replies, tool arguments
 // and observations go into spans only with Options.IncludeContent. The sink
 // never blocks the run: Emit puts the event on a bounded queue and returns;
 // when the queue is full the event is dropped, Emit returns ErrDropped (the
 // engine counts it in RunResult.EventDeliveryFailures) and Dropped counts
-// it. Shutdown drains the queue and flushes the exporter.
+// it. Shutdown drains the queue and flushes New's exporter (or the
+// provider).
 //
 // The gen_ai.* attribute keys are this package's own constants (the semconv
 // package dropped them). What does not live here: the exporter (OTLP or
-// any sdktrace.SpanExporter the consumer chooses) and the engine, which
-// this package knows only through seams.EventSink.
+// any sdktrace.SpanExporter the consumer chooses), the provider, and the
+// engine, which this package knows only through seams.EventSink and the
+// context it passes Emit.
 package otelsink
 
 import (
