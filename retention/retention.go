@@ -8,7 +8,10 @@
 // nothing: a dry run (`polyloop-admin gc --dry-run`, `delete --dry-run`)
 // reads the store's listing — each run's status and who holds it now —
 // and writes nothing. What they say holds at the moment they read; a
-// driver may take a run, or a run finish, before a real pass.
+// driver may take a run, or a run finish, before a real pass. A finished
+// run is held only while a Resume returns its result, and a PostgreSQL
+// store lists no holder for a finished run: a dry run counts such a run
+// as deletable, where the real pass would leave it for the next.
 //
 // What does not live here: the deletion itself (the stores) and reading
 // (package report).
@@ -105,7 +108,8 @@ func Preview(ctx context.Context, s seams.RunReader, cutoff time.Time) (Result, 
 // nothing: nil when it would delete the run; an error wrapping
 // seams.ErrRunLocked for a run a driver holds, seams.ErrNoRun for a run
 // the store does not list, seams.ErrRunNotFinished for an unfinished or
-// damaged run without force (a damaged one's error says so).
+// damaged run without force (a damaged one's error joins the damage to
+// it, as the stores' DeleteRun does).
 func Check(ctx context.Context, s seams.RunReader, runID string, force bool) error {
 	info, err := entry(ctx, s, runID)
 	if err != nil {
@@ -117,12 +121,17 @@ func Check(ctx context.Context, s seams.RunReader, runID string, force bool) err
 	case force:
 		return nil
 	case info.Status == seams.StatusCorrupt:
-		return fmt.Errorf("run %q: %w (its entry or stream is damaged)", runID, seams.ErrRunNotFinished)
+		return fmt.Errorf("run %q: %w (%w)", runID, seams.ErrRunNotFinished, errListedDamaged)
 	case info.Status != seams.StatusFinished:
 		return fmt.Errorf("run %q: %w", runID, seams.ErrRunNotFinished)
 	}
 	return nil
 }
+
+// errListedDamaged is the damage Check names for a run the store lists
+// damaged (seams.StatusCorrupt): what its entry or stream holds wrong is
+// polyloop-inspect verify's to say.
+var errListedDamaged = errors.New("the store lists it damaged")
 
 // entry is runID's listing: seams.RunDescriber.Describe where s is one,
 // else its entry among s.Runs.
