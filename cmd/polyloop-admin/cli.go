@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/polyloop/polyloop/cmd/internal/buildinfo"
 	"github.com/polyloop/polyloop/cmd/internal/cliflags"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -46,6 +47,7 @@ Usage:
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
   polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
                                                     fork a polyloop-demo run at STEP onto the new run NEWID
+  polyloop-admin --version                          the module version and VCS revision it was built from
 
 STORE is a bbolt file or a PostgreSQL connection string (a postgres:// URL
 or a key=value string; a password in it is never printed).
@@ -142,6 +144,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
+		return exitOK
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, buildinfo.Line("polyloop-admin"))
 		return exitOK
 	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve", "serve", "fork":
 	default:

@@ -6,6 +6,7 @@
 // cmd/internal/demo, which polyloop-admin fork rebuilds to fork a demo run.
 //
 //	polyloop-demo [-store polyloop-demo.db | -store postgres://…] [-run RUN_ID]
+//	polyloop-demo -version
 package main
 
 import (
@@ -15,6 +16,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/polyloop/polyloop/cmd/internal/buildinfo"
 	"github.com/polyloop/polyloop/cmd/internal/demo"
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/stores"
@@ -23,7 +25,12 @@ import (
 func main() {
 	storePath := flag.String("store", "polyloop-demo.db", "bbolt store file or PostgreSQL connection string (postgres:// URL or key=value)")
 	runID := flag.String("run", "", "run id (default: demo-<time>)")
+	version := flag.Bool("version", false, "print the module version and VCS revision this binary was built from")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.Line("polyloop-demo"))
+		return
+	}
 	if *runID == "" {
 		*runID = "demo-" + time.Now().UTC().Format("20060102T150405.000")
 	}
