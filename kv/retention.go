@@ -48,7 +48,7 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 			case !indexed && !s.layout.exists(tx, runID):
 				return seams.ErrNoRun
 			case !force && ierr != nil:
-				return fmt.Errorf("%w (its index entry is damaged: %v)", seams.ErrRunNotFinished, ierr)
+				return fmt.Errorf("%w (its index entry is damaged: %w)", seams.ErrRunNotFinished, ierr)
 			case !force && info.Status != StatusFinished:
 				return seams.ErrRunNotFinished
 			}

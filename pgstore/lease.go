@@ -175,7 +175,7 @@ func (s *Store) take(ctx context.Context, runID string, l *lease) error {
 		case !h.exists:
 			return nil // a run not started yet: its first append writes the lease
 		case h.live:
-			return fmt.Errorf("run %q: %w by %s until %s", runID, seams.ErrRunLocked, h.owner, h.expires.UTC().Format(time.RFC3339Nano))
+			return fmt.Errorf("run %q: %w (%s, lease until %s)", runID, seams.ErrRunLocked, h.owner, h.expires.UTC().Format(time.RFC3339Nano))
 		case attempt == 3:
 			return fmt.Errorf("pgstore: lock run %q: its lease changed hands three times while being taken: %w", runID, seams.ErrRunLocked)
 		}

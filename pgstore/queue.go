@@ -267,7 +267,7 @@ func (s *Store) RequeueRun(ctx context.Context, runID string) error {
 		case !queued:
 			return fmt.Errorf("pgstore: requeue run %q: %w", runID, seams.ErrNotQueued)
 		case owner != nil && expires != nil:
-			return fmt.Errorf("pgstore: requeue run %q: %w by %s until %s", runID, seams.ErrRunLocked, *owner, stamp(*expires))
+			return fmt.Errorf("pgstore: requeue run %q: %w (%s, lease until %s)", runID, seams.ErrRunLocked, *owner, stamp(*expires))
 		case attempt == 3:
 			return fmt.Errorf("pgstore: requeue run %q: its lease changed hands three times while being requeued: %w", runID, seams.ErrRunLocked)
 		}

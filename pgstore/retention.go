@@ -71,7 +71,9 @@ func (s *Store) finished(ctx context.Context, q session, runID string) (indexRow
 	}
 	row, indexed, rowErr := sc.row()
 	damaged := func(format string, a ...any) error {
-		return fmt.Errorf("%w (%w: "+format+")", append([]any{seams.ErrRunNotFinished, ErrCorrupt}, a...)...)
+		// The damage is an error of its own beside the refusal, so a
+		// command can say it without the refusal's words again.
+		return fmt.Errorf("%w (%w)", seams.ErrRunNotFinished, fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, a...)...))
 	}
 	switch {
 	case !indexed && seq == nil:

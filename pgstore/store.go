@@ -717,7 +717,7 @@ func (s *Store) refusal(ctx context.Context, runID string, l *lease, after ulid.
 	case l != nil:
 		return err // still ours: the stream moved and back, which tails cannot
 	case h.live:
-		return fmt.Errorf("append to %q: %w by %q until %s", runID, seams.ErrRunLocked, h.owner, stamp(h.expires))
+		return fmt.Errorf("append to %q: %w (%q, lease until %s)", runID, seams.ErrRunLocked, h.owner, stamp(h.expires))
 	default:
 		return err
 	}

@@ -2,6 +2,7 @@ package retention_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -180,5 +181,103 @@ func TestExpireLeavesDamagedRunsAloneAndNamesThem(t *testing.T) {
 	}
 	if left, _ := store.MemStore.Runs(ctx); len(left) != 2 {
 		t.Fatalf("%d runs left, want b and c", len(left))
+	}
+}
+
+// TestPreviewSaysWhatExpireWouldDo: on a store holding old finished runs,
+// a newer one, an unfinished one and one a driver holds, Preview names
+// the runs Expire then deletes and holds back, and deletes nothing
+// itself.
+func TestPreviewSaysWhatExpireWouldDo(t *testing.T) {
+	ctx := context.Background()
+	store, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	for _, id := range []string{"old-1", "old-2", "held"} {
+		def, req := agent(store, id, 1)
+		if _, err := engine.Run(ctx, def, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := store.Append(ctx, "unfinished", [16]byte{}, events.RunStarted{RunID: "unfinished", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	cutoff := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	def, req := agent(store, "new", 1)
+	if _, err := engine.Run(ctx, def, req); err != nil {
+		t.Fatal(err)
+	}
+	release, err := store.LockRun("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	preview, err := retention.Preview(ctx, store, cutoff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs, _ := store.Runs(ctx); len(runs) != 5 {
+		t.Fatalf("Preview deleted runs: %d left, want 5", len(runs))
+	}
+	res, err := retention.Expire(ctx, store, cutoff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(preview) != fmt.Sprint(res) || fmt.Sprint(res.Deleted) != "[old-1 old-2]" || fmt.Sprint(res.Busy) != "[held]" {
+		t.Fatalf("Preview %+v, Expire %+v; want both to delete [old-1 old-2] and hold back [held]", preview, res)
+	}
+}
+
+// TestCheckSaysWhatDeleteRunWould: for each kind of run — finished,
+// unfinished, held by a driver, not in the store — with and
+// without force, Check's answer is DeleteRun's (nil, or the same
+// refusal), and Check deletes nothing.
+func TestCheckSaysWhatDeleteRunWould(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		run   string
+		force bool
+		want  error // nil: deleted
+	}{
+		{"done", false, nil},
+		{"done", true, nil},
+		{"unfinished", false, seams.ErrRunNotFinished},
+		{"unfinished", true, nil},
+		{"held", false, seams.ErrRunLocked},
+		{"held", true, seams.ErrRunLocked},
+		{"ghost", false, seams.ErrNoRun},
+		{"ghost", true, seams.ErrNoRun},
+	} {
+		t.Run(fmt.Sprintf("%s force=%v", c.run, c.force), func(t *testing.T) {
+			store := &seamstest.MemStore{}
+			for _, id := range []string{"done", "held"} {
+				def, req := agent(store, id, 1)
+				if _, err := engine.Run(ctx, def, req); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := store.Append(ctx, "unfinished", [16]byte{}, events.RunStarted{RunID: "unfinished", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+				t.Fatal(err)
+			}
+			release, err := store.LockRun("held")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			checked := retention.Check(ctx, store, c.run, c.force)
+			if runs, _ := store.Runs(ctx); len(runs) != 3 {
+				t.Fatalf("Check deleted: %d runs left, want 3", len(runs))
+			}
+			deleted := store.DeleteRun(ctx, c.run, c.force)
+			for what, err := range map[string]error{"Check": checked, "DeleteRun": deleted} {
+				if (c.want == nil) != (err == nil) || c.want != nil && !errors.Is(err, c.want) {
+					t.Errorf("%s: %v, want %v", what, err, c.want)
+				}
+			}
+		})
 	}
 }

@@ -70,7 +70,7 @@ func TestAdminOnAFile(t *testing.T) {
 	if code, out := admin("delete", "--force", path, "u"); code != exitOK {
 		t.Fatalf("delete --force: %d\n%s", code, out)
 	}
-	if code, out := admin("delete", path, "ghost"); code != exitProblem || !strings.Contains(out, "no such run") {
+	if code, out := admin("delete", path, "ghost"); code != exitProblem || !strings.Contains(out, `no run "ghost" in `) {
 		t.Fatalf("delete of an unknown run: %d\n%s", code, out)
 	}
 	time.Sleep(10 * time.Millisecond)
@@ -165,7 +165,7 @@ func TestAdminLeavesDamagedPostgresRunsAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	if code, out := admin("delete", url, "u"); code != exitProblem || !strings.Contains(out, "not finished") || !strings.Contains(out, "checksum") {
+	if code, out := admin("delete", url, "u"); code != exitProblem || !strings.Contains(out, `run "u" is damaged`) || !strings.Contains(out, "checksum") {
 		t.Fatalf("delete of the damaged run: %d\n%s", code, out)
 	}
 	time.Sleep(10 * time.Millisecond)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/polyloop/polyloop/cmd/internal/buildinfo"
 	"github.com/polyloop/polyloop/cmd/internal/cliflags"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
@@ -39,11 +40,14 @@ Usage:
                                                     say whether an action a crash left in doubt ran
   polyloop-admin serve [--addr ADDR] [--hosts H,…] --by NAME STORE
                                                     the run viewer, recording the decisions made on its pages by NAME
-  polyloop-admin delete [--force] STORE RUN...      delete runs (finished ones; --force: unfinished too)
-  polyloop-admin gc --finished-before DUR STORE     delete finished runs whose last event is older than DUR (720h)
+  polyloop-admin delete [--force] [--dry-run] [--json] STORE RUN...
+                                                    delete runs (finished ones; --force: unfinished too)
+  polyloop-admin gc --finished-before DUR [--dry-run] [--json] STORE
+                                                    delete finished runs whose last event is older than DUR (720h)
   polyloop-admin compact STORE                      rewrite a bbolt file without its free pages (an old file comes out in the current format)
   polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
                                                     fork a polyloop-demo run at STEP onto the new run NEWID
+  polyloop-admin --version                          the module version and VCS revision it was built from
 
 STORE is a bbolt file or a PostgreSQL connection string (a postgres:// URL
 or a key=value string; a password in it is never printed).
@@ -98,7 +102,13 @@ or the store does not fork runs. Runs of another agent are forked with
 engine.Fork in the program that can rebuild their definition.
 
 A run being driven is never deleted; gc leaves damaged runs alone and
-names them. Exit status: 0 done, 1 a problem (a run refused — finished,
+names them. delete and gc name each run they delete ("deleted RUN"), and
+each they leave alone on stderr with why (not in the store, held by a
+driver, not finished, damaged); gc then counts them. --dry-run says the
+same of what they would delete ("would delete RUN"), from the store's
+listing, and writes nothing. --json prints one object per run instead:
+{"run_id", "action": deleted, would_delete or skipped, "reason" when
+skipped}. Exit status: 0 done, 1 a problem (a run refused — finished,
 unknown, held, not an agent's — or damaged; a decision refused — no such
 call, a call that awaits no such decision or is decided already, edited
 arguments the tool's schema refuses, a run driven meanwhile; the store
@@ -114,6 +124,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	force := fs.Bool("force", false, "delete unfinished runs too")
+	dryRun := fs.Bool("dry-run", false, "delete, gc: say what would be deleted, deleting nothing")
+	asJSON := fs.Bool("json", false, "delete, gc: one JSON object per run")
 	before := fs.Duration("finished-before", 0, "age of the runs gc deletes")
 	by := fs.String("by", "", "who cancels or decides (default user@host)")
 	note := fs.String("note", "", "a decision's note")
@@ -133,6 +145,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, buildinfo.Line("polyloop-admin"))
+		return exitOK
 	case "cancel", "resume", "delete", "gc", "compact", "approve", "reject", "resolve", "serve", "fork":
 	default:
 		return bad("unknown command")
@@ -146,7 +161,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return bad("%v", err)
 	}
 	// One flag set serves the commands; each takes its own flags only.
-	own := map[string][]string{"delete": {"force"}, "gc": {"finished-before"}, "cancel": {"by"},
+	own := map[string][]string{"delete": {"force", "dry-run", "json"}, "gc": {"finished-before", "dry-run", "json"}, "cancel": {"by"},
 		"approve": {"by", "note", "arguments"}, "reject": {"by", "note"},
 		"resolve": {"by", "note", "executed", "not-executed", "observation"},
 		"serve":   {"by", "addr", "hosts"}, "fork": {"reply"}}[args[0]]
@@ -237,39 +252,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return bad("want STORE and at least one RUN")
 		}
 		return withStore(ctx, pos[0], stderr, func(s retention.Store) int {
-			code := exitOK
-			for _, id := range pos[1:] {
-				if err := s.DeleteRun(ctx, id, *force); err != nil {
-					fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-					code = exitProblem
-					continue
-				}
-				fmt.Fprintf(stdout, "deleted %s\n", id)
-			}
-			return code
+			return deleteRuns(ctx, s, newOutcomes("delete", stores.Describe(pos[0]), *asJSON, stdout, stderr), pos[1:], *force, *dryRun)
 		})
 	case "gc":
 		if len(pos) != 1 || *before <= 0 {
 			return bad("want --finished-before DURATION (e.g. 720h) and one STORE")
 		}
 		return withStore(ctx, pos[0], stderr, func(s retention.Store) int {
-			res, err := retention.Expire(ctx, s, time.Now().Add(-*before))
-			fmt.Fprintf(stdout, "deleted %d finished runs older than %s", len(res.Deleted), *before)
-			if len(res.Busy) > 0 {
-				fmt.Fprintf(stdout, "; %d held by a driver, left for the next pass", len(res.Busy))
-			}
-			fmt.Fprintln(stdout)
-			for _, id := range res.Damaged {
-				fmt.Fprintf(stderr, "polyloop-admin: run %q is damaged and was left alone (polyloop-inspect verify says how)\n", id)
-			}
-			if err != nil {
-				fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-				return exitProblem
-			}
-			if len(res.Damaged) > 0 {
-				return exitProblem
-			}
-			return exitOK
+			return gc(ctx, s, newOutcomes("gc", stores.Describe(pos[0]), *asJSON, stdout, stderr), *before, *dryRun)
 		})
 	}
 	if len(pos) != 1 {

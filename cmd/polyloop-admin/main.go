@@ -14,8 +14,10 @@
 //	                                                      an operator's finding on an action a crash left in doubt (engine.Resolve)
 //	polyloop-admin serve [--addr ADDR] [--hosts H,…] --by NAME STORE
 //	                                                      the run viewer, recording decisions made on its pages by NAME (viewer.Options.Decide)
-//	polyloop-admin delete [--force] STORE RUN...          delete finished runs (--force: unfinished too)
-//	polyloop-admin gc --finished-before 720h STORE        delete finished runs whose last event is older
+//	polyloop-admin delete [--force] [--dry-run] [--json] STORE RUN...
+//	                                                      delete finished runs (--force: unfinished too)
+//	polyloop-admin gc --finished-before 720h [--dry-run] [--json] STORE
+//	                                                      delete finished runs whose last event is older
 //	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
 //	polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
 //	                                                      fork a polyloop-demo run at STEP onto NEWID (engine.Fork), its model replying TEXT from STEP on
@@ -26,7 +28,10 @@
 // (seams.RunQueue); --by names who cancels or decides, user@host by
 // default but for serve, which needs it. serve answers only to localhost
 // and loopback addresses unless --hosts names others. CALL is the id of the call that waits (polyloop-inspect verify
-// STORE RUN names it). Exit status: 0 done, 1 a problem (a run or a
+// STORE RUN names it). delete and gc name each run they delete and each
+// they leave alone, and why; --dry-run says what they would delete,
+// writing nothing (retention.Check, retention.Preview); --json prints one
+// object per run (run_id, action, reason). Exit status: 0 done, 1 a problem (a run or a
 // decision refused, the store unreadable or without what the command
 // needs), 2 bad usage.
 package main

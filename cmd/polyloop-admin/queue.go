@@ -98,7 +98,11 @@ func resumeRuns(ctx context.Context, s seams.RunStore, store string, ids []strin
 		case errors.Is(err, seams.ErrNotQueued):
 			fmt.Fprintf(stderr, "polyloop-admin: resume: run %q was not started for an agent, so no worker claims it; resume it with engine.Resume in the program that runs it\n", report.Clip(id, 80))
 		case errors.Is(err, seams.ErrRunLocked):
-			fmt.Fprintf(stderr, "polyloop-admin: resume: run %q is driven already: %v\n", report.Clip(id, 80), err)
+			by := ""
+			if h := holder(ctx, s, id); h != "" {
+				by = " (held by " + h + ")"
+			}
+			fmt.Fprintf(stderr, "polyloop-admin: resume: run %q is driven already%s\n", report.Clip(id, 80), by)
 		default:
 			fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
 		}

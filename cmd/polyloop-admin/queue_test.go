@@ -136,7 +136,7 @@ func TestResumeSaysWhatBecameOfEachRun(t *testing.T) {
 	var out, errOut strings.Builder
 	code := resumeRuns(ctx, s, "STORE", []string{"queued", "fresh", "idle", "done", "ghost"}, &out, &errOut)
 	wantOut := "queued: handed back to the workers of agent reviewer\n"
-	wantErr := `polyloop-admin: resume: run "fresh" is driven already: requeue run "fresh": seams: run is held by another driver by memstore` + "\n" +
+	wantErr := `polyloop-admin: resume: run "fresh" is driven already (held by memstore)` + "\n" +
 		`polyloop-admin: resume: run "idle" was not started for an agent, so no worker claims it; resume it with engine.Resume in the program that runs it` + "\n" +
 		`polyloop-admin: resume: run "done" has finished; nothing to resume` + "\n" +
 		`polyloop-admin: resume: no run "ghost" in STORE` + "\n"

@@ -7,6 +7,7 @@
 // are shared and noisy.
 //
 //	go test -run '^$' -bench . -count 5 ./kv ./engine | polyloop-benchtable
+//	polyloop-benchtable --version
 package main
 
 import (
@@ -14,6 +15,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/polyloop/polyloop/cmd/internal/buildinfo"
 	"regexp"
 	"slices"
 	"sort"
@@ -197,6 +200,10 @@ func relative(w io.Writer, samples map[string]*sample, order []string, prefix, b
 }
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
+		fmt.Println(buildinfo.Line("polyloop-benchtable"))
+		return
+	}
 	samples, order := parse(os.Stdin)
 	if len(samples) == 0 {
 		fmt.Fprintln(os.Stderr, "polyloop-benchtable: no benchmark lines on standard input")

@@ -15,7 +15,8 @@ import (
 )
 
 // TestDemoRunsOfflineToCompletion: the demo's agent finishes with
-// task_completed on a fresh store, and the store holds a sound log.
+// task_completed on a fresh store, printing a line per step as it goes,
+// and the store holds a sound log.
 func TestDemoRunsOfflineToCompletion(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "demo.db")
 	out := captureStdout(t, func() {
@@ -25,6 +26,12 @@ func TestDemoRunsOfflineToCompletion(t *testing.T) {
 	})
 	if !strings.Contains(out, "task_completed after 5 steps") || !strings.Contains(out, path) {
 		t.Fatalf("output:\n%s", out)
+	}
+	// A line per step as it became durable, before the result.
+	steps, _, _ := strings.Cut(out, "run demo-test stopped")
+	if strings.Count(steps, "\ndemo-test step ")+strings.Count(steps[:min(len(steps), 15)], "demo-test step ") != 5 ||
+		!strings.HasPrefix(steps, "demo-test step 0: tool ") {
+		t.Fatalf("want a line per step before the result; output:\n%s", out)
 	}
 	s, err := kv.Open(path, kv.Options{ReadOnly: true})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/polyloop/polyloop/cmd/internal/buildinfo"
 	"github.com/polyloop/polyloop/cmd/internal/cliflags"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/report"
@@ -217,6 +218,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		fmt.Fprintln(stdout, buildinfo.Line("polyloop-inspect"))
 		return exitOK
 	}
 	for _, c := range commands {

@@ -40,6 +40,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/progress"
 	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/stores"
@@ -199,7 +200,8 @@ func fork(ctx context.Context, def engine.Definition, req engine.Request, c conf
 }
 
 func agent(model seams.ModelClient, store seams.RunStore, c config) (engine.Definition, engine.Request) {
-	def := engine.Definition{Model: model, Parser: parsers.FencedCode{}, Store: store, Interrupt: c.interrupt}
+	def := engine.Definition{Model: model, Parser: parsers.FencedCode{}, Store: store, Interrupt: c.interrupt,
+		Events: progress.New(os.Stdout)} // a line per step as it becomes durable
 	req := engine.Request{
 		RunID:             c.runID,
 		Budget:            engine.Budget{MaxSteps: 12, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 60_000},

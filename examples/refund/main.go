@@ -53,6 +53,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/progress"
 	"github.com/polyloop/polyloop/report"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/stores"
@@ -129,7 +130,8 @@ func handle(ctx context.Context, c config, out io.Writer) error {
 	if c.crashAfter >= 0 {
 		runStore = &crashstore.Store{Inner: store, After: c.crashAfter}
 	}
-	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: runStore, Interrupt: c.interrupt}
+	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: runStore, Interrupt: c.interrupt,
+		Events: progress.New(out)} // a line per step as it becomes durable
 	req := engine.Request{
 		RunID:             c.runID,
 		Budget:            engine.Budget{MaxSteps: 8, MaxActions: 6, MaxConsecutiveParseFailures: 3, MaxPromptChars: 40_000},

@@ -136,6 +136,18 @@ func command(t *testing.T, printed, says string) string {
 	return line
 }
 
+// lookupLine is what the program prints as the run's first step, the
+// order's lookup, becomes durable (package progress); a run resumed after
+// it prints it no more.
+const lookupLine = `refund-1 step 0: tool lookup_order {"order":"A-1042"} -> executed, - tokens` + "\n"
+
+// refundSteps is what the program prints as the refund's step, with its
+// status, and the answer's step become durable.
+func refundSteps(status string) string {
+	return `refund-1 step 1: tool refund {"amount":250,"order":"A-1042"} -> ` + status + ", - tokens\n" +
+		"refund-1 step 2: final answer -> -, - tokens\n"
+}
+
 // waitsForApproval runs the program at d the first time: the refund of
 // 250 waits for approval, nothing is refunded, and the output names the
 // call and the commands that decide it. It returns the output and the
@@ -143,7 +155,8 @@ func command(t *testing.T, printed, says string) string {
 func waitsForApproval(t *testing.T, d *desk) (string, string) {
 	t.Helper()
 	out := d.must(0, "refund")
-	m := regexp.MustCompile(`^refund-1 waits for a person's approval: refund \{"amount":250,"order":"A-1042"\} \(step 1, call ([0-9A-Z]{26})\), since \d{4}-`).
+	// The lookup's line as its step became durable, then the wait.
+	m := regexp.MustCompile(`^` + regexp.QuoteMeta(lookupLine) + `refund-1 waits for a person's approval: refund \{"amount":250,"order":"A-1042"\} \(step 1, call ([0-9A-Z]{26})\), since \d{4}-`).
 		FindStringSubmatch(out)
 	if m == nil || !strings.HasSuffix(out, "Then run this program again: the run goes on.\n") {
 		t.Fatalf("the first run:\n%s", out)
@@ -167,7 +180,7 @@ func waitsForApproval(t *testing.T, d *desk) (string, string) {
 func TestAnApprovedRefundIsMadeOnce(t *testing.T) {
 	d := newDesk(t)
 	first, call := waitsForApproval(t, d)
-	if again := d.must(0, "refund"); again != first {
+	if again := d.must(0, "refund"); again != strings.TrimPrefix(first, lookupLine) {
 		t.Fatalf("run again before a decision:\n%s\nwant what the first said:\n%s", again, first)
 	}
 	listed := d.must(0, "polyloop-inspect runs --status awaiting_approval refund.db")
@@ -188,9 +201,13 @@ func TestAnApprovedRefundIsMadeOnce(t *testing.T) {
 		t.Fatalf("approve:\n%s", out)
 	}
 	want := "refund-1: agent_finished after 3 steps: Dear Dana, I refunded 250.00 EUR for order A-1042 (provider reference " + call + ").\n"
-	for range 2 {
-		if out := d.must(0, "refund"); out != want {
-			t.Fatalf("after the approval:\n%s\nwant\n%s", out, want)
+	for i := range 2 {
+		w := want // the run finished: its answer alone
+		if i == 0 {
+			w = refundSteps("executed") + want // the steps as they become durable, then the answer
+		}
+		if out := d.must(0, "refund"); out != w {
+			t.Fatalf("after the approval:\n%s\nwant\n%s", out, w)
 		}
 		if got := d.ledger(); len(got) != 1 || got[0] != (refund{Call: call, Run: "refund-1", Order: "A-1042", Amount: 250}) {
 			t.Fatalf("the ledger: %+v, want the one refund of 250 by call %s", got, call)
@@ -215,7 +232,7 @@ func TestARejectedRefundIsNeverMade(t *testing.T) {
 	if out := d.must(1, command(t, first, "approve")); !strings.Contains(out, "is decided already: rejected by \"bo\"") {
 		t.Fatalf("approve after the rejection:\n%s", out)
 	}
-	want := "refund-1: agent_finished after 3 steps: Dear Dana, I could not refund order A-1042 (rejected by reviewer: " + note + ").\n"
+	want := refundSteps("not_executed") + "refund-1: agent_finished after 3 steps: Dear Dana, I could not refund order A-1042 (rejected by reviewer: " + note + ").\n"
 	if out := d.must(0, "refund"); out != want {
 		t.Fatalf("after the rejection:\n%s\nwant\n%s", out, want)
 	}
@@ -298,7 +315,11 @@ func TestACrashAfterTheApprovalNeverRefundsTwice(t *testing.T) {
 			if crash == 1 { // the refund made, its outcome lost: the model is told what the operator found
 				answer = "refund-1: agent_finished after 3 steps: Dear Dana, the ledger holds refund " + call + ".\n"
 			}
-			if out != answer || len(d.ledger()) != 1 {
+			steps := refundSteps("executed")
+			if crash == 2 { // the refund's step was durable, and printed, before the crash
+				_, steps, _ = strings.Cut(steps, "\n")
+			}
+			if answer = steps + answer; out != answer || len(d.ledger()) != 1 {
 				t.Fatalf("the end:\n%s\nwant\n%s\nledger %+v", out, answer, d.ledger())
 			}
 		})
@@ -368,7 +389,7 @@ func TestAForkUnderAHigherLimitRefundsWithoutWaiting(t *testing.T) {
 	d := newDesk(t)
 	waitsForApproval(t, d)
 	out := d.must(0, "refund -run refund-2 -fork-from refund-1 -at 1 -approve-over 300")
-	if !regexp.MustCompile(`^refund-2 forked from refund-1 at step 1\nrefund-2: agent_finished after 3 steps: Dear Dana, I refunded 250.00 EUR for order A-1042 \(provider reference [0-9A-Z]{26}\)\.\n$`).MatchString(out) {
+	if !regexp.MustCompile(`^` + regexp.QuoteMeta(strings.ReplaceAll(refundSteps("executed"), "refund-1", "refund-2")) + `refund-2 forked from refund-1 at step 1\nrefund-2: agent_finished after 3 steps: Dear Dana, I refunded 250.00 EUR for order A-1042 \(provider reference [0-9A-Z]{26}\)\.\n$`).MatchString(out) {
 		t.Fatalf("the fork:\n%s", out)
 	}
 	if got := d.ledger(); len(got) != 1 || got[0].Run != "refund-2" || got[0].Amount != 250 {

@@ -42,6 +42,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/progress"
 	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/stores"
@@ -90,6 +91,7 @@ var phases = []phase{
 var runPrefix = "review-1"
 
 type config struct {
+	steps                      io.Writer // where a line per step goes as it becomes durable (nil: nowhere)
 	store, results, url, model string
 	resume                     bool
 	crashAfter                 int
@@ -143,6 +145,7 @@ var errCancelled = errors.New("the phase's run was cancelled (recorded; it will 
 
 // review runs (or, resuming, continues) each phase in turn.
 func review(ctx context.Context, c config, out io.Writer) error {
+	c.steps = out
 	first, err := forkedPhase(c)
 	if err != nil {
 		return err
@@ -237,6 +240,9 @@ func runPhase(ctx context.Context, p phase, all *seams.Registry, db *results, st
 		}
 	}
 	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store, Interrupt: c.interrupt}
+	if c.steps != nil {
+		def.Events = progress.New(c.steps) // a line per step as it becomes durable
+	}
 	req := engine.Request{
 		RunID:             runPrefix + "/" + p.name,
 		Budget:            engine.Budget{MaxSteps: 15, MaxActions: 12, MaxConsecutiveParseFailures: 3, MaxPromptChars: 80_000},

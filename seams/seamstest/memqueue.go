@@ -145,7 +145,7 @@ func (m *MemStore) RequeueRun(ctx context.Context, runID string) error {
 	case q == nil || q.agent == "":
 		return fmt.Errorf("requeue run %q: %w", runID, seams.ErrNotQueued)
 	case m.holds(runID):
-		return fmt.Errorf("requeue run %q: %w by %s", runID, seams.ErrRunLocked, MemOwner)
+		return fmt.Errorf("requeue run %q: %w (%s)", runID, seams.ErrRunLocked, MemOwner)
 	}
 	*q = queued{agent: q.agent, cancel: q.cancel}
 	return nil

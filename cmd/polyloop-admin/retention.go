@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/polyloop/polyloop/report"
+	"github.com/polyloop/polyloop/retention"
+	"github.com/polyloop/polyloop/seams"
+)
+
+// outcome is what delete or gc did, or would do, to one run: a line of
+// --json.
+type outcome struct {
+	Run    string `json:"run_id"`
+	Action string `json:"action"` // deleted, would_delete or skipped
+	Reason string `json:"reason,omitempty"`
+}
+
+// The actions of an outcome.
+const (
+	actionDeleted     = "deleted"
+	actionWouldDelete = "would_delete"
+	actionSkipped     = "skipped"
+)
+
+// outcomes prints what delete and gc did to each run: a line to stdout
+// per run deleted (or that would be), a refusal to stderr per run
+// skipped; with --json, one object per run to stdout.
+type outcomes struct {
+	stdout, stderr io.Writer
+	verb           string // delete or gc, naming the refusals
+	store          string // the store, as messages name it
+	json           *json.Encoder
+}
+
+func newOutcomes(verb, store string, asJSON bool, stdout, stderr io.Writer) *outcomes {
+	o := &outcomes{stdout: stdout, stderr: stderr, verb: verb, store: store}
+	if asJSON {
+		o.json = json.NewEncoder(stdout)
+		o.json.SetEscapeHTML(false)
+	}
+	return o
+}
+
+// done says a run was deleted, or would be by a dry run.
+func (o *outcomes) done(id string, dryRun bool) {
+	action, words := actionDeleted, "deleted"
+	if dryRun {
+		action, words = actionWouldDelete, "would delete"
+	}
+	if o.json != nil {
+		o.json.Encode(outcome{Run: id, Action: action})
+		return
+	}
+	fmt.Fprintf(o.stdout, "%s %s\n", words, id)
+}
+
+// skipped says why a run was left alone: reason for --json, sentence for
+// the text on stderr (which names the run itself).
+func (o *outcomes) skipped(id, reason, sentence string) {
+	if o.json != nil {
+		o.json.Encode(outcome{Run: id, Action: actionSkipped, Reason: reason})
+		return
+	}
+	fmt.Fprintf(o.stderr, "polyloop-admin: %s: %s\n", o.verb, sentence)
+}
+
+// refused says a DeleteRun refusal err (or retention.Check's) of run id
+// once, in words: the run not in the store, held by a driver (named, as
+// s lists it), unfinished, or damaged (with the damage the store names).
+// It reports false for an error that is no refusal.
+func (o *outcomes) refused(ctx context.Context, s seams.RunReader, id string, err error) bool {
+	quoted := fmt.Sprintf("%q", report.Clip(id, 80))
+	switch {
+	case errors.Is(err, seams.ErrNoRun), errors.Is(err, seams.ErrInvalidRunID):
+		o.skipped(id, "no such run", fmt.Sprintf("no run %s in %s", quoted, o.store))
+	case errors.Is(err, seams.ErrRunLocked):
+		held := "held by a driver"
+		if h := holder(ctx, s, id); h != "" {
+			held += " (" + h + ")"
+		}
+		o.skipped(id, held, fmt.Sprintf("run %s is %s; left alone", quoted, held))
+	case errors.Is(err, seams.ErrRunNotFinished) && damage(err) != "":
+		reason := "damaged: " + damage(err) + " (polyloop-inspect verify says how; --force deletes it)"
+		o.skipped(id, reason, fmt.Sprintf("run %s is %s", quoted, reason))
+	case errors.Is(err, seams.ErrRunNotFinished):
+		reason := "not finished (it may be resumed); --force deletes it"
+		o.skipped(id, reason, fmt.Sprintf("run %s is %s", quoted, reason))
+	default:
+		return false
+	}
+	return true
+}
+
+// holder names who holds run id as the store s lists it ("W until T"),
+// "" when s cannot say (it is no seams.RunReader, or lists no holder: a
+// PostgreSQL store lists none for a finished run).
+func holder(ctx context.Context, s any, id string) string {
+	r, ok := s.(seams.RunReader)
+	if !ok {
+		return ""
+	}
+	if info, err := report.Describe(ctx, r, id); err == nil && info.Owner != "" {
+		if h := report.Holder(seams.StatusRunning, info, time.Now()); h != "-" {
+			return h
+		}
+	}
+	return ""
+}
+
+// damage is the damage a store joins to its refusal to delete a damaged
+// run without force (seams.ErrRunNotFinished beside the damage, as kv's,
+// pgstore's and retention.Check's refusals have it), "" when err names
+// none.
+func damage(err error) string {
+	for err != nil {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range joined.Unwrap() {
+				if e != seams.ErrRunNotFinished {
+					return e.Error()
+				}
+			}
+			return ""
+		}
+		err = errors.Unwrap(err)
+	}
+	return ""
+}
+
+// deleteRuns deletes the runs ids of s (with force, unfinished ones too),
+// or with dryRun says which it would, deleting nothing. A run refused
+// makes the exit status 1.
+func deleteRuns(ctx context.Context, s retention.Store, o *outcomes, ids []string, force, dryRun bool) int {
+	code := exitOK
+	for _, id := range ids {
+		var err error
+		if dryRun {
+			err = retention.Check(ctx, s, id, force)
+		} else {
+			err = s.DeleteRun(ctx, id, force)
+		}
+		switch {
+		case err == nil:
+			o.done(id, dryRun)
+			continue
+		case !o.refused(ctx, s, id, err):
+			fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
+		}
+		code = exitProblem
+	}
+	return code
+}
+
+// gc deletes the finished runs of s whose last event is older than age
+// (retention.Expire), or with dryRun says which it would
+// (retention.Preview), naming each run, then the count. A damaged run, or
+// a failure, makes the exit status 1; a run held by a driver is left for
+// the next pass.
+func gc(ctx context.Context, s retention.Store, o *outcomes, age time.Duration, dryRun bool) int {
+	expire, words := retention.Expire, "deleted"
+	if dryRun {
+		expire, words = func(ctx context.Context, s retention.Store, cutoff time.Time) (retention.Result, error) {
+			return retention.Preview(ctx, s, cutoff)
+		}, "would delete"
+	}
+	res, err := expire(ctx, s, time.Now().Add(-age))
+	for _, id := range res.Deleted {
+		o.done(id, dryRun)
+	}
+	if o.json == nil {
+		fmt.Fprintf(o.stdout, "%s %s older than %s", words, report.Plural(len(res.Deleted), "finished run"), age)
+		if len(res.Busy) > 0 {
+			fmt.Fprintf(o.stdout, "; %d held by a driver, left for the next pass", len(res.Busy))
+		}
+		fmt.Fprintln(o.stdout)
+	}
+	for _, id := range res.Busy {
+		if o.json != nil {
+			o.json.Encode(outcome{Run: id, Action: actionSkipped, Reason: "held by a driver; left for the next pass"})
+		}
+	}
+	for _, id := range res.Damaged {
+		o.skipped(id, "damaged (polyloop-inspect verify says how)",
+			fmt.Sprintf("run %q is damaged and was left alone (polyloop-inspect verify says how)", report.Clip(id, 80)))
+	}
+	if err != nil {
+		fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
+		return exitProblem
+	}
+	if len(res.Damaged) > 0 {
+		return exitProblem
+	}
+	return exitOK
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/pgstore"
+	"github.com/polyloop/polyloop/pgstore/pgtest"
+)
+
+// adminOut runs the command and returns its exit status, stdout and
+// stderr apart.
+func adminOut(args ...string) (int, string, string) {
+	var out, errOut strings.Builder
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// fileStore is a bbolt file holding the finished runs f-0…f-(n-1) and the
+// unfinished run "u".
+func fileStore(t *testing.T, n int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, s, n)
+	s.Close()
+	return path
+}
+
+// chained reports the package chains and doubled words a message to a
+// person should not carry.
+func chained(s string) []string {
+	var bad []string
+	for _, p := range []string{"kv: ", "pgstore: ", "seams: ", "retention: ", "engine: ", "stores: ", "by another driver by", "run \"u\": run \"u\""} {
+		if strings.Contains(s, p) {
+			bad = append(bad, p)
+		}
+	}
+	return bad
+}
+
+// TestDeleteRefusalsAreSaidOnce: delete's refusals of a run not in the
+// store and of an unfinished run are one sentence each, naming the run,
+// without the stores' package chain.
+func TestDeleteRefusalsAreSaidOnce(t *testing.T) {
+	path := fileStore(t, 1)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"delete", path, "nope"}, `polyloop-admin: delete: no run "nope" in ` + path + "\n"},
+		{[]string{"delete", path, "u"}, `polyloop-admin: delete: run "u" is not finished (it may be resumed); --force deletes it` + "\n"},
+		{[]string{"delete", "--dry-run", path, "nope"}, `polyloop-admin: delete: no run "nope" in ` + path + "\n"},
+		{[]string{"delete", "--dry-run", path, "u"}, `polyloop-admin: delete: run "u" is not finished (it may be resumed); --force deletes it` + "\n"},
+	} {
+		code, out, errOut := adminOut(c.args...)
+		if code != exitProblem || out != "" || errOut != c.want {
+			t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\nwant stderr %q", c.args, code, out, errOut, c.want)
+		}
+	}
+}
+
+// TestDeleteOfAHeldRunNamesItsHolderOnce: on PostgreSQL, delete --force
+// of a run another worker holds says who holds it, once, and deletes
+// nothing; so does --dry-run. (A finished run is held only while a Resume
+// returns its result, and PostgreSQL lists no holder for it: its refusal
+// says "held by a driver" alone.)
+func TestDeleteOfAHeldRunNamesItsHolderOnce(t *testing.T) {
+	url := pgtest.StoreURL(t)
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{Owner: "worker-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fill(t, s, 1)
+	release, err := s.LockRun("u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for _, args := range [][]string{{"delete", "--force", url, "u"}, {"delete", "--force", "--dry-run", url, "u"}} {
+		code, out, errOut := adminOut(args...)
+		want := `polyloop-admin: delete: run "u" is held by a driver (worker-7`
+		if code != exitProblem || out != "" || !strings.HasPrefix(errOut, want) || chained(errOut) != nil {
+			t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\nwant stderr starting %q, without %q", args[:len(args)-2], code, out, errOut, want, chained(errOut))
+		}
+	}
+	if ids := runIDs(t, url); ids != "f-0,u" {
+		t.Fatalf("left: %s", ids)
+	}
+}
+
+// TestDryRunWritesNothing: delete --dry-run and gc --dry-run say what
+// they would delete, and the file is byte for byte what it was.
+func TestDryRunWritesNothing(t *testing.T) {
+	path := fileStore(t, 3)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"delete", "--dry-run", path, "f-0", "f-1"}, "would delete f-0\nwould delete f-1\n"},
+		{[]string{"delete", "--dry-run", "--force", path, "u"}, "would delete u\n"},
+		{[]string{"gc", "--dry-run", "--finished-before", "5ms", path}, "would delete f-0\nwould delete f-1\nwould delete f-2\nwould delete 3 finished runs older than 5ms\n"},
+	} {
+		code, out, errOut := adminOut(c.args...)
+		if code != exitOK || out != c.want || errOut != "" {
+			t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\nwant stdout %q", c.args, code, out, errOut, c.want)
+		}
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Fatal("a dry run changed the store file")
+	}
+	if ids := runIDs(t, path); ids != "f-0,f-1,f-2,u" {
+		t.Fatalf("left: %s", ids)
+	}
+}
+
+// TestGCListsTheRunsItDeleted: gc names each run it deleted, then the
+// count.
+func TestGCListsTheRunsItDeleted(t *testing.T) {
+	path := fileStore(t, 2)
+	time.Sleep(10 * time.Millisecond)
+	code, out, errOut := adminOut("gc", "--finished-before", "5ms", path)
+	if want := "deleted f-0\ndeleted f-1\ndeleted 2 finished runs older than 5ms\n"; code != exitOK || out != want || errOut != "" {
+		t.Fatalf("exit %d\nstdout: %q\nstderr: %q\nwant stdout %q", code, out, errOut, want)
+	}
+}
+
+// TestJSONSaysPerRunWhatWasDone: with --json, delete and gc print one
+// object per run — its id, what was done or would be done, and why a run
+// was skipped — and nothing else on stdout; the exit status is the text
+// mode's.
+func TestJSONSaysPerRunWhatWasDone(t *testing.T) {
+	path := fileStore(t, 2)
+	time.Sleep(10 * time.Millisecond)
+	for _, c := range []struct {
+		args []string
+		code int
+		want []outcome
+	}{
+		{[]string{"delete", "--json", "--dry-run", path, "f-0", "u", "nope"}, exitProblem, []outcome{
+			{Run: "f-0", Action: "would_delete"},
+			{Run: "u", Action: "skipped", Reason: "not finished (it may be resumed); --force deletes it"},
+			{Run: "nope", Action: "skipped", Reason: "no such run"}}},
+		{[]string{"gc", "--json", "--dry-run", "--finished-before", "5ms", path}, exitOK, []outcome{
+			{Run: "f-0", Action: "would_delete"}, {Run: "f-1", Action: "would_delete"}}},
+		{[]string{"delete", "--json", path, "f-0", "u"}, exitProblem, []outcome{
+			{Run: "f-0", Action: "deleted"},
+			{Run: "u", Action: "skipped", Reason: "not finished (it may be resumed); --force deletes it"}}},
+		{[]string{"gc", "--json", "--finished-before", "5ms", path}, exitOK, []outcome{{Run: "f-1", Action: "deleted"}}},
+	} {
+		code, out, errOut := adminOut(c.args...)
+		var got []outcome
+		dec := json.NewDecoder(strings.NewReader(out))
+		dec.DisallowUnknownFields()
+		for dec.More() {
+			var o outcome
+			if err := dec.Decode(&o); err != nil {
+				t.Fatalf("%q: %v in stdout %q", c.args, err, out)
+			}
+			got = append(got, o)
+		}
+		wantJSON, _ := json.Marshal(c.want)
+		gotJSON, _ := json.Marshal(got)
+		if code != c.code || string(gotJSON) != string(wantJSON) || errOut != "" {
+			t.Errorf("%q: exit %d, want %d\nstdout: %s\nwant:   %s\nstderr: %q", c.args, code, c.code, gotJSON, wantJSON, errOut)
+		}
+	}
+}
