@@ -10,9 +10,10 @@ import (
 	"github.com/polyloop/polyloop/seams"
 )
 
-// Definition is what stays the same across the runs of one agent: the model,
-// the parser, the store and the event sink. It is an immutable value, safe to
-// share between concurrent runs.
+// Definition is what is the same for every run of one agent: the model,
+// the parser, the store and the event sink; what is this run's (its goal,
+// budget, tools, executor) belongs in the Request. It is an immutable
+// value, safe to share between concurrent runs.
 type Definition struct {
 	Model  seams.ModelClient
 	Parser seams.DecisionParser

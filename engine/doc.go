@@ -1,8 +1,8 @@
 // Package engine runs agents: Definition (what stays the same across runs:
 // model, parser, store, sink), Request (one run's goal, budget, tools and
-// policies), Run and Resume; Start, Cancel, Decide and Resolve operate a
-// run from outside the process that drives it; Fork starts a run from a
-// prefix of another.
+// policies), Run and Resume, and RunOrResume, which continues a run or
+// starts it; Start, Cancel, Decide and Resolve operate a run from outside
+// the process that drives it; Fork starts a run from a prefix of another.
 //
 // # Machine, commands, driver
 //

@@ -125,7 +125,7 @@ func prepare(def Definition, req Request) (*config, error) {
 		return nil, err
 	}
 	cfg := &config{
-		runID: req.RunID, budget: req.Budget, modelPolicy: req.ModelReplayPolicy,
+		runID: req.RunID, budget: req.Budget.withDefaults(), modelPolicy: req.ModelReplayPolicy,
 		obsTemplate: req.observationTemplate(), synthetic: def.Synthetic.withDefaults(),
 		parser: def.Parser, tools: req.Tools, binding: req.ModelBinding, snapshot: snap,
 		agent: req.Agent, input: slices.Clone(req.Input),
@@ -182,7 +182,7 @@ type driver struct {
 // new run), with its own id source: result ids are ULIDs, increasing within
 // the run and, with 80 random bits each, unique across runs.
 func newDriver(def Definition, req Request, tail ulid.ULID) *driver {
-	return &driver{def: def, req: req, ids: new(events.IDSource), tail: tail}
+	return &driver{def: def, req: req.withDefaults(), ids: new(events.IDSource), tail: tail}
 }
 
 func (d *driver) observe(ctx context.Context, in input) input {

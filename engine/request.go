@@ -16,14 +16,18 @@ import (
 	"github.com/polyloop/polyloop/seams"
 )
 
-// Request is one run's goal and limits. Constructing and validating it does
-// no I/O.
+// Request is what is this run's: its id, goal (Context), budget, tools,
+// executor and policies; what every run of the agent shares belongs in the
+// Definition. Constructing and validating it does no I/O.
 type Request struct {
 	// RunID names the run; it follows the stores' rule (seams.ValidRunID:
 	// non-empty, at most seams.MaxRunIDBytes of UTF-8, no control
 	// characters), so a run no store could keep never starts.
-	RunID    string
-	Budget   Budget
+	RunID string
+	// Budget bounds the run; a zero field takes its default.
+	Budget Budget
+	// Executor carries out the run's actions. Nil: Tools.Executor(), the
+	// registry's own; one of the two must be set.
 	Executor seams.ActionExecutor
 	// Tools, when set, is shown to the model and validates tool calls. If
 	// Executor is a *seams.ToolExecutor it must come from this registry.
@@ -80,12 +84,22 @@ type Request struct {
 	OneEventPerTransaction bool
 }
 
-// Budget bounds a run. Every field must be positive.
+// Budget bounds a run. A field left zero takes its default
+// (DefaultMaxSteps, DefaultMaxActions, DefaultMaxConsecutiveParseFailures,
+// DefaultMaxPromptChars; MaxTotalTokens 0 is no limit), and the parameter
+// snapshot records the value in force, so a run resumes under the budget it
+// started with whether that was given or defaulted. A negative field is
+// an invalid request.
 type Budget struct {
-	MaxSteps                    int
-	MaxActions                  int
+	// MaxSteps bounds the steps (model calls) of the run: step_budget.
+	MaxSteps int
+	// MaxActions bounds the executed actions: action_budget.
+	MaxActions int
+	// MaxConsecutiveParseFailures bounds the replies in a row the parser
+	// could not use: parse_failed_repeatedly.
 	MaxConsecutiveParseFailures int
-	// MaxPromptChars bounds the prompt in Unicode code points.
+	// MaxPromptChars bounds the prompt in Unicode code points:
+	// context_overflow.
 	MaxPromptChars int
 	// MaxTotalTokens bounds the run's tokens (input plus output, as the
 	// model client reports them; 0: no limit). It is checked before each
@@ -108,12 +122,45 @@ type Injection struct {
 	EntryID, Content string
 }
 
-// Defaults for empty Request fields.
+// Defaults for empty Request fields, the Budget's included. The budget's
+// are generous bounds for an interactive agent, not tuned to a model: a
+// prompt of 100,000 code points is some 25,000 tokens of English.
 const (
+	DefaultMaxSteps                    = 50
+	DefaultMaxActions                  = 50
+	DefaultMaxConsecutiveParseFailures = 3
+	DefaultMaxPromptChars              = 100_000
+
 	DefaultObservationTemplate = "{observation}"
 	DefaultToolSectionTemplate = "You can call these tools:\n{tools}"
 	DefaultCancelGrace         = 2 * time.Second
 )
+
+// withDefaults is b with every zero field but MaxTotalTokens at its default.
+func (b Budget) withDefaults() Budget {
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{
+		{&b.MaxSteps, DefaultMaxSteps}, {&b.MaxActions, DefaultMaxActions},
+		{&b.MaxConsecutiveParseFailures, DefaultMaxConsecutiveParseFailures}, {&b.MaxPromptChars, DefaultMaxPromptChars},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	return b
+}
+
+// withDefaults is r as a run uses it: the budget's zero fields at their
+// defaults, and the executor derived from Tools when none is given.
+func (r Request) withDefaults() Request {
+	r.Budget = r.Budget.withDefaults()
+	if r.Executor == nil && r.Tools != nil {
+		r.Executor = r.Tools.Executor()
+	}
+	return r
+}
 
 func (r Request) observationTemplate() string {
 	if r.ObservationTemplate == "" {
@@ -163,8 +210,8 @@ func (r Request) Validate() error {
 		{"MaxSteps", r.Budget.MaxSteps}, {"MaxActions", r.Budget.MaxActions},
 		{"MaxConsecutiveParseFailures", r.Budget.MaxConsecutiveParseFailures}, {"MaxPromptChars", r.Budget.MaxPromptChars},
 	} {
-		if b.v <= 0 {
-			bad("Budget.%s is %d, must be positive", b.name, b.v)
+		if b.v < 0 {
+			bad("Budget.%s is %d, must be positive, or 0 for its default", b.name, b.v)
 		}
 	}
 	if r.Budget.MaxTotalTokens < 0 {
@@ -172,8 +219,11 @@ func (r Request) Validate() error {
 	}
 	te, fromRegistry := r.Executor.(*seams.ToolExecutor)
 	switch {
+	case r.Executor == nil && r.Tools == nil:
+		bad("Executor and Tools are both nil: set Tools (its registry's executor runs the calls) or an Executor")
+	case r.Executor == nil: // Tools.Executor()
 	case isNil(r.Executor):
-		bad("Executor is nil")
+		bad("Executor is a nil %T (leave it unset to use Tools.Executor())", r.Executor)
 	case fromRegistry && te.Registry() == nil:
 		bad("Executor was derived from a nil *seams.Registry")
 	case fromRegistry && te.Registry() != r.Tools:
@@ -211,8 +261,9 @@ func (r Request) Validate() error {
 	return fmt.Errorf("%w: %w", ErrInvalidRequest, errors.Join(errs...))
 }
 
-// ParameterSnapshot reports the request's behaviour-changing settings:
-// budget, model replay policy, templates, grace, tool names (and those
+// ParameterSnapshot reports the request's behaviour-changing settings, as
+// the run uses them (a zero budget field as its default, an unset Executor
+// as Tools'): budget, model replay policy, templates, grace, tool names (and those
 // requiring approval: tools.requiring_approval), the approval policy
 // (approval, and its parameters prefixed approval.), await_resolution,
 // binding keys, injected entry ids and the executor's parameters
@@ -223,6 +274,7 @@ func (r Request) ParameterSnapshot() (map[string]string, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
+	r = r.withDefaults()
 	out := map[string]string{
 		"budget.max_steps":                      strconv.Itoa(r.Budget.MaxSteps),
 		"budget.max_actions":                    strconv.Itoa(r.Budget.MaxActions),

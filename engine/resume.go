@@ -79,6 +79,33 @@ func Resume(ctx context.Context, def Definition, req Request) (events.RunResult,
 	return newDriver(def, req, last).drive(ctx, m)
 }
 
+// RunOrResume continues the run req.RunID when the store holds it and
+// starts it otherwise: the one call of a program that may have been
+// stopped, crashed or restarted before, and runs the same request again.
+// It is Resume, then Run when Resume finds no log (ErrRunNotFound). So a
+// finished run returns its recorded result, writing nothing, and every
+// other error is Resume's or Run's, unchanged: ErrAwaitingDecision (an
+// *AwaitingError), ErrParametersChanged, ErrRunBusy, recovery.ErrCorrupt,
+// ErrInterrupted, ErrInvalidRequest. A run another driver started between
+// the two is continued (Resume again) unless that driver holds it
+// (ErrRunBusy).
+//
+// Run refuses a run id that has a log and Resume one that has none;
+// RunOrResume takes either. Start only makes a run durable, for a worker
+// (package worker) to drive: RunOrResume drives the run itself, in this
+// process, until it stops, waits or is interrupted.
+func RunOrResume(ctx context.Context, def Definition, req Request) (events.RunResult, error) {
+	result, err := Resume(ctx, def, req)
+	if !errors.Is(err, ErrRunNotFound) {
+		return result, err
+	}
+	result, err = Run(ctx, def, req)
+	if errors.Is(err, ErrRunExists) && !errors.Is(err, ErrRunBusy) {
+		return Resume(ctx, def, req)
+	}
+	return result, err
+}
+
 // errFound stops hasLog's scan at the first event.
 var errFound = errors.New("found")
 

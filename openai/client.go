@@ -202,13 +202,7 @@ func (e *APIError) Error() string {
 func (c *Client) Call(ctx context.Context, call seams.ModelCall) (events.ModelReply, error) {
 	req := wireRequest{Model: c.o.Model, Temperature: c.o.Temperature, MaxTokens: c.o.MaxTokens}
 	for _, m := range call.Messages {
-		var text strings.Builder
-		for _, b := range m.Content {
-			if t, ok := b.(seams.TextBlock); ok {
-				text.WriteString(t.Text)
-			}
-		}
-		req.Messages = append(req.Messages, wireMessage{Role: string(m.Role), Content: text.String()})
+		req.Messages = append(req.Messages, wireMessage{Role: string(m.Role), Content: m.Text()})
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

@@ -12,7 +12,9 @@ import (
 	"github.com/polyloop/polyloop/seams"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+// ExampleOpen needs a server: where the tests skip for want of one, Main
+// leaves it out of the run.
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, "ExampleOpen")) }
 
 // open opens a store in a schema of its own on the test server, closed
 // and dropped when t ends.

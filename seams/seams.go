@@ -2,6 +2,7 @@ package seams
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/polyloop/polyloop/events"
@@ -102,6 +103,18 @@ type Message struct {
 // Text returns a message holding one TextBlock.
 func Text(role Role, text string) Message {
 	return Message{Role: role, Content: []ContentBlock{TextBlock{Text: text}}}
+}
+
+// Text is the message's text: its text blocks joined in order, as a model
+// client sends them (package openai does); blocks of other kinds are skipped.
+func (m Message) Text() string {
+	var b strings.Builder
+	for _, c := range m.Content {
+		if t, ok := c.(TextBlock); ok {
+			b.WriteString(t.Text)
+		}
+	}
+	return b.String()
 }
 
 // ContentBlock is a closed sum of message parts; TextBlock is its one member

@@ -51,15 +51,13 @@ func main() {
 			log.Fatal(err)
 		}
 	}
+	// The Definition is what every run of this agent shares; the Request is
+	// this run's (its budget's zero fields take engine's defaults).
 	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store, Interrupt: interrupted.Done()}
-	req := engine.Request{RunID: "minimal-1", Tools: tools, Executor: tools.Executor(),
-		Budget:            engine.Budget{MaxSteps: 10, MaxActions: 10, MaxConsecutiveParseFailures: 3, MaxPromptChars: 50_000},
+	req := engine.Request{RunID: "minimal-1", Tools: tools,
 		ModelReplayPolicy: events.ReplaySafe, // a model call may be repeated after a crash
 		Context:           engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "What is 2 + 40? Use the add tool.")}}}
-	result, err := engine.Resume(ctx, def, req) // continue the run if it exists...
-	if errors.Is(err, engine.ErrRunNotFound) {
-		result, err = engine.Run(ctx, def, req) // ...or start it
-	}
+	result, err := engine.RunOrResume(ctx, def, req) // continue the run if it exists, or start it
 	if errors.Is(err, engine.ErrInterrupted) {
 		fmt.Println("interrupted at a step boundary; run again to resume")
 		return

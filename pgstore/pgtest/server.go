@@ -10,7 +10,8 @@
 // package creates (pgtest creates it when it is missing). Without a server
 // the tests that need one skip, with a line saying how to run them — unless
 // POLYLOOP_PG_REQUIRED is set, which turns the skip into a failure (CI sets
-// it).
+// it). An Example cannot skip: Main leaves the examples it is told need a
+// server out of such a run, saying so.
 //
 // What does not live here: the store (package pgstore) and its tests.
 package pgtest
@@ -18,6 +19,7 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -343,7 +345,18 @@ func Unavailable(t testing.TB, err error) {
 
 // unavailable decides for Unavailable: skip, or fail saying why.
 func unavailable(err error) (skip bool, why string) {
-	if v := os.Getenv(RequiredEnv); v != "" && v != "0" {
+	return unavailableFor(err, required())
+}
+
+// required reports whether RequiredEnv makes a missing server a failure.
+func required() bool {
+	v := os.Getenv(RequiredEnv)
+	return v != "" && v != "0"
+}
+
+// unavailableFor is unavailable with RequiredEnv's answer given.
+func unavailableFor(err error, required bool) (skip bool, why string) {
+	if required {
 		return false, fmt.Sprintf("%s is set but no PostgreSQL server could be had: %v", RequiredEnv, err)
 	}
 	if !errors.Is(err, ErrNotInstalled) {
@@ -354,7 +367,30 @@ func unavailable(err error) (skip bool, why string) {
 
 // Main runs the tests and stops the throwaway server if one was started:
 // call it from TestMain as os.Exit(pgtest.Main(m)).
-func Main(m *testing.M) int {
+//
+// examples names the package's Example functions that need a server
+// (they get its DSN from Lookup). An example cannot skip itself, so where
+// the tests skip for want of PostgreSQL — it is not installed and
+// POLYLOOP_PG_REQUIRED is unset — Main leaves the ones the run selects out
+// of it, adding them to -test.skip, and says so on stderr; anywhere else
+// they run, and fail when no server can be had, saying why. Main looks
+// for a server before the run only when the run selects one of them.
+func Main(m *testing.M, examples ...string) int {
+	if len(examples) > 0 {
+		if !flag.Parsed() {
+			flag.Parse()
+		}
+		skip, said := leaveOut(examples, flagValue("test.run"), flagValue("test.skip"), required(), func() error {
+			_, err := Lookup()
+			return err
+		})
+		if said != "" {
+			fmt.Fprintln(os.Stderr, "pgtest:", said)
+		}
+		if skip != flagValue("test.skip") {
+			flag.Set("test.skip", skip)
+		}
+	}
 	code := m.Run()
 	for _, srv := range []*Server{shared.srv, durable.srv} {
 		if srv != nil {

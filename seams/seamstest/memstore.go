@@ -30,6 +30,9 @@ type MemStore struct {
 	queue   map[string]*queued // runs started for an agent, or asked to cancel
 }
 
+// NewMemStore returns an empty MemStore.
+func NewMemStore() *MemStore { return &MemStore{} }
+
 type stored struct {
 	env events.Envelope
 	val []byte

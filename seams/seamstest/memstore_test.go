@@ -11,7 +11,7 @@ import (
 )
 
 func TestMemStoreKeepsTheRunStoreContract(t *testing.T) {
-	proptest.RunStoreContract(t, func(*testing.T) seams.RunStore { return new(seamstest.MemStore) })
+	proptest.RunStoreContract(t, func(*testing.T) seams.RunStore { return seamstest.NewMemStore() })
 }
 
 func TestMemStoreKeepsTheRunLeaseContract(t *testing.T) {
