@@ -10,6 +10,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/soak"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
@@ -34,11 +35,11 @@ func raceStores(t *testing.T) []struct {
 		trials int
 		open   func(t *testing.T) (a, b seams.RunStore)
 	}{
-		{"memory", 200, func(*testing.T) (seams.RunStore, seams.RunStore) {
+		{"memory", soak.Count(40, 200), func(*testing.T) (seams.RunStore, seams.RunStore) {
 			s := &seamstest.MemStore{}
 			return s, s
 		}},
-		{"kv", 200, func(t *testing.T) (seams.RunStore, seams.RunStore) {
+		{"kv", soak.Count(40, 200), func(t *testing.T) (seams.RunStore, seams.RunStore) {
 			// Without fsync: the race is in the append rules, not the disk.
 			s, err := kv.Open(filepath.Join(t.TempDir(), "runs.db"), kv.Options{NoSync: true})
 			if err != nil {
@@ -47,7 +48,7 @@ func raceStores(t *testing.T) []struct {
 			t.Cleanup(func() { s.Close() })
 			return s, s
 		}},
-		{"postgres", 50, func(t *testing.T) (seams.RunStore, seams.RunStore) {
+		{"postgres", soak.Count(10, 50), func(t *testing.T) (seams.RunStore, seams.RunStore) {
 			dsn, schema := pgtest.DSN(t), pgtest.Schema(t)
 			var out [2]seams.RunStore
 			for i := range out {

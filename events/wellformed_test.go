@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -11,16 +12,18 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/soak"
 )
 
-// TestMain raises rapid's default to 2,000 generated cases, as proptest
-// does: the walker has many format bytes to agree on.
+// TestMain raises rapid's default to 300 generated cases, 2,000 under
+// POLYLOOP_SOAK=1 (package soak): the walker has many format bytes to
+// agree on.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
 	if !set {
-		flag.Set("rapid.checks", "2000")
+		flag.Set("rapid.checks", strconv.Itoa(soak.Count(300, 2000)))
 	}
 	os.Exit(m.Run())
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/soak"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/proptest"
@@ -235,9 +236,11 @@ func TestDamageCorpus(t *testing.T) {
 	}
 	torn, tornOriginals := tornCopies(t, dir)
 	corpus = append(corpus, torn...)
-	every := 8 // CI's sample: ≤ 60 s under the race detector too
+	// A sample of each kind of damage: every 64th (128th under the race
+	// detector), every 8th (16th) under POLYLOOP_SOAK=1, or all of them.
+	every := soak.Count(64, 8)
 	if raceDetector {
-		every = 16
+		every *= 2
 	}
 	if *damageAll {
 		every = 1
@@ -247,8 +250,7 @@ func TestDamageCorpus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tried, noEffect, refused int
-	for i := 0; i < len(corpus); i += every {
-		d := corpus[i]
+	for i, d := range kvtest.Sample(corpus, every) {
 		want, runs := originals, ids
 		if d.Torn {
 			want, runs = tornOriginals, tornRunIDs()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/soak"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/proptest"
@@ -184,8 +185,8 @@ func killAndResume(t *testing.T, dir, storePath string, racing bool) {
 	// Kills are placed by the child's progress, not by the clock, so they
 	// land mid-run however fast this machine is: wait until the child has
 	// executed k actions (its execution log has k lines), then a random
-	// moment of up to 3 ms more.
-	const wantKills = 20
+	// moment of up to 3 ms more. 5 kills, 20 under POLYLOOP_SOAK=1.
+	wantKills := soak.Count(5, 20)
 	kills, unknown, lingering, committedLate := 0, 0, 0, 0
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	for attempt := 0; kills < wantKills; attempt++ {

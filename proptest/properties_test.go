@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/soak"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/projections"
 	"github.com/polyloop/polyloop/proptest"
@@ -25,10 +27,10 @@ import (
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
-// TestMain raises rapid's default to 1,000 generated runs per property, so
-// CI covers at least that many; make prop passes -rapid.checks=100000. Run
-// as the real-crash test's child (see kill_test.go), it runs the agent
-// instead.
+// TestMain raises rapid's default to 100 generated runs per property, and
+// to 1,000 under POLYLOOP_SOAK=1 (make soak, CI: package soak), so CI covers
+// at least that many; make prop passes -rapid.checks=100000. Run as the
+// real-crash test's child (see kill_test.go), it runs the agent instead.
 func TestMain(m *testing.M) {
 	if os.Getenv(childStoreEnv) != "" {
 		os.Exit(runKillChild())
@@ -40,7 +42,7 @@ func TestMain(m *testing.M) {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
 	if !set {
-		flag.Set("rapid.checks", "1000")
+		flag.Set("rapid.checks", strconv.Itoa(soak.Count(100, 1000)))
 	}
 	os.Exit(pgtest.Main(m))
 }

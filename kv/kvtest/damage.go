@@ -9,7 +9,10 @@ import (
 
 // Damaged is one damaged copy of a store file.
 type Damaged struct {
-	Name  string
+	Name string
+	// Kind is the way it is damaged, Name without the place: "bit
+	// flipped", "truncated at a page", "meta page 1: txid damaged"…
+	Kind  string
 	Bytes []byte
 	// Torn marks a copy taken while a writer wrote: its runs may hold a
 	// prefix of what was finally written.
@@ -30,19 +33,19 @@ func DamageCorpus(file []byte) ([]Damaged, error) {
 		return nil, fmt.Errorf("kvtest: page size %d does not fit a %d-byte file", ps, len(file))
 	}
 	var out []Damaged
-	add := func(name string, b []byte) { out = append(out, Damaged{Name: name, Bytes: b}) }
+	add := func(kind, name string, b []byte) { out = append(out, Damaged{Name: name, Kind: kind, Bytes: b}) }
 	for off := 0; off < len(file); off += 64 {
 		b := bytes.Clone(file)
 		bit := off / 64 % 8
 		b[off] ^= 1 << bit
-		add(fmt.Sprintf("bit %d of byte %d flipped", bit, off), b)
+		add("bit flipped", fmt.Sprintf("bit %d of byte %d flipped", bit, off), b)
 	}
 	for p := 0; p < len(file)/ps; p++ {
-		add(fmt.Sprintf("truncated at page %d", p), bytes.Clone(file[:p*ps]))
-		add(fmt.Sprintf("truncated inside page %d", p), bytes.Clone(file[:p*ps+ps/2]))
+		add("truncated at a page", fmt.Sprintf("truncated at page %d", p), bytes.Clone(file[:p*ps]))
+		add("truncated inside a page", fmt.Sprintf("truncated inside page %d", p), bytes.Clone(file[:p*ps+ps/2]))
 		b := bytes.Clone(file)
 		clear(b[p*ps : (p+1)*ps])
-		add(fmt.Sprintf("page %d zeroed", p), b)
+		add("page zeroed", fmt.Sprintf("page %d zeroed", p), b)
 	}
 	for m := range 2 {
 		for _, f := range []struct {
@@ -53,8 +56,29 @@ func DamageCorpus(file []byte) ([]Damaged, error) {
 			{"checksum", boltpage.MetaChecksum}} {
 			b := bytes.Clone(file)
 			b[m*ps+meta+f.off] ^= 0x11
-			add(fmt.Sprintf("meta page %d: %s damaged", m, f.name), b)
+			name := fmt.Sprintf("meta page %d: %s damaged", m, f.name)
+			add(name, name, b)
 		}
 	}
 	return out, nil
+}
+
+// Sample returns every nth copy of each kind of damage in corpus
+// (Damaged.Kind; each meta field of each meta page is a kind of its own),
+// always the first of each, in corpus order — so a test that cannot
+// afford the whole corpus still meets every way a file is damaged. An n
+// below 2 returns corpus.
+func Sample(corpus []Damaged, n int) []Damaged {
+	if n < 2 {
+		return corpus
+	}
+	seen := map[string]int{}
+	var out []Damaged
+	for _, d := range corpus {
+		if seen[d.Kind]%n == 0 {
+			out = append(out, d)
+		}
+		seen[d.Kind]++
+	}
+	return out
 }

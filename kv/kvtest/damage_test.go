@@ -119,3 +119,48 @@ func deref(a []any) []any {
 	}
 	return out
 }
+
+// TestASampleMeetsEveryKindOfDamage: a sample keeps the first copy of
+// each kind and every nth after it, so a test at a small count still
+// meets bit flips, truncations, zeroed pages and each meta field.
+func TestASampleMeetsEveryKindOfDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus, err := kvtest.DamageCorpus(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kvtest.Sample(corpus, 1); len(got) != len(corpus) {
+		t.Fatalf("Sample(corpus, 1) kept %d of %d", len(got), len(corpus))
+	}
+	sample := kvtest.Sample(corpus, 16)
+	names := map[string]bool{}
+	for _, d := range sample {
+		names[d.Name] = true
+	}
+	want := []string{"bit 0 of byte 0 flipped", "bit 0 of byte 1024 flipped", "truncated at page 0", "truncated inside page 0",
+		"page 0 zeroed", "meta page 0: magic damaged", "meta page 1: checksum damaged", "meta page 0: txid damaged"}
+	for _, name := range want {
+		if !names[name] {
+			t.Errorf("the sample lacks %q", name)
+		}
+	}
+	for _, name := range []string{"bit 1 of byte 64 flipped", "truncated at page 1", "page 1 zeroed"} {
+		if names[name] {
+			t.Errorf("the sample holds %q, the second of its kind", name)
+		}
+	}
+	if len(sample) >= len(corpus)/4 {
+		t.Errorf("a sample of every 16th kept %d of %d copies", len(sample), len(corpus))
+	}
+}
