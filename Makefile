@@ -6,7 +6,7 @@ COUNT   ?= 5
 
 FUZZTIME ?= 60s
 
-.PHONY: build test check prop bench bench-peer demo ci fuzz damage mutate
+.PHONY: build test check prop soak bench bench-peer demo ci fuzz damage mutate
 
 build:
 	$(GO) build $(PKGS)
@@ -31,6 +31,17 @@ check:
 	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 .
+
+# The long soaks at full count (POLYLOOP_SOAK=1, package internal/soak):
+# 1,000 generated runs per property and the driver races, the SIGKILL
+# loops at 20 kills per store, 200 decision races per store, every 8th
+# damaged copy of each kind (every 16th under the race detector). make test
+# runs the same tests at smaller counts; CI runs both. SOAK_RUN names every
+# test that asks soak for its count (TestSoakRunNamesEverySoakedTest
+# checks).
+SOAK_RUN ?= Property|RealCrash|DamageCorpus|TwoDecisionsOnOneCall|DecisionRacingAResume|RefusedOpenReleases
+soak:
+	POLYLOOP_SOAK=1 $(GO) test -race -count=1 -timeout 60m -run '$(SOAK_RUN)' ./proptest ./engine ./kv ./events
 
 # Property tests with a hundred times CI's generated cases.
 prop:
