@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -249,34 +250,56 @@ func TestDamageCorpus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each copy is opened in a child process of its own, as many at once
+	// as there are processors: the children share nothing but the
+	// executable.
+	type open struct {
+		d    kvtest.Damaged
+		path string
+		mode string
+	}
 	var tried, noEffect, refused int
+	var mu sync.Mutex
+	opens := make(chan open)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for o := range opens {
+				want, runs := originals, ids
+				if o.d.Torn {
+					want, runs = tornOriginals, tornRunIDs()
+				}
+				rep, err := runChild(exe, o.path, o.mode, runs)
+				os.Remove(o.path)
+				mu.Lock()
+				switch verdict := judge(rep, want, o.d.Torn); {
+				case err != nil:
+					t.Errorf("%s (%s): %v", o.d.Name, o.mode, err)
+				case strings.HasPrefix(verdict, "altered"):
+					t.Errorf("%s (%s): %s", o.d.Name, o.mode, verdict)
+				case verdict == "refused":
+					refused++
+				default:
+					noEffect++
+				}
+				mu.Unlock()
+			}
+		})
+	}
 	for i, d := range kvtest.Sample(corpus, every) {
-		want, runs := originals, ids
-		if d.Torn {
-			want, runs = tornOriginals, tornRunIDs()
-		}
 		for _, mode := range []string{"ro", "rw"} {
 			path := filepath.Join(dir, fmt.Sprintf("d%05d-%s.db", i, mode))
 			if err := os.WriteFile(path, d.Bytes, 0o600); err != nil {
+				close(opens)
+				wg.Wait()
 				t.Fatal(err)
 			}
 			tried++
-			rep, err := runChild(exe, path, mode, runs)
-			os.Remove(path)
-			if err != nil {
-				t.Errorf("%s (%s): %v", d.Name, mode, err)
-				continue
-			}
-			switch verdict := judge(rep, want, d.Torn); {
-			case strings.HasPrefix(verdict, "altered"):
-				t.Errorf("%s (%s): %s", d.Name, mode, verdict)
-			case verdict == "refused":
-				refused++
-			default:
-				noEffect++
-			}
+			opens <- open{d, path, mode}
 		}
 	}
+	close(opens)
+	wg.Wait()
 	t.Logf("damage corpus: %d damaged files (%d torn copies), %d opens tried (every %d file, read-only and read-write): %d no effect, %d refused",
 		len(corpus), len(torn), tried, every, noEffect, refused)
 }
