@@ -37,6 +37,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/progress"
 	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/stores"
@@ -99,7 +100,7 @@ func command(ctx context.Context, stdout, stderr io.Writer, o *options, args []s
 		return fail(err)
 	}
 	defer store.Close()
-	pool, err := worker.New(store, map[string]worker.Agent{"refunds": refunds(o.delay)}, worker.Options{
+	pool, err := worker.New(store, map[string]worker.Agent{"refunds": refunds(o.delay, progress.New(stdout))}, worker.Options{
 		Concurrency: *concurrency,
 		Done: func(runID string, res events.RunResult, err error) {
 			switch {
@@ -172,7 +173,9 @@ func submit(ctx context.Context, stdout, stderr io.Writer, pool *worker.Pool, fi
 }
 
 // refunds is the example's agent: input is how many orders to refund.
-func refunds(delay time.Duration) worker.Agent {
+// steps prints each step of every run it drives as the step becomes
+// durable.
+func refunds(delay time.Duration, steps *progress.Printer) worker.Agent {
 	wait := func(ctx context.Context) error {
 		select {
 		case <-time.After(delay):
@@ -206,7 +209,8 @@ func refunds(delay time.Duration) worker.Agent {
 			replies = append(replies, fmt.Sprintf(`TOOL lookup {"order":%d}`, o), fmt.Sprintf(`TOOL refund {"order":%d}`, o))
 		}
 		replies = append(replies, fmt.Sprintf("FINAL: %d orders refunded", orders))
-		def := engine.Definition{Model: &scripted.Model{Turns: scripted.Replies(replies...)}, Parser: parsers.ToolCalls{}}
+		def := engine.Definition{Model: &scripted.Model{Turns: scripted.Replies(replies...)}, Parser: parsers.ToolCalls{},
+			Events: steps}
 		req := engine.Request{Tools: tools, Executor: tools.Executor(), ModelReplayPolicy: events.ReplaySafe,
 			Budget: engine.Budget{MaxSteps: 2*orders + 2, MaxActions: 2*orders + 2, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000},
 			Context: engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser,

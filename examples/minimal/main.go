@@ -17,6 +17,7 @@ import (
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/openai"
 	"github.com/polyloop/polyloop/parsers"
+	"github.com/polyloop/polyloop/progress"
 	"github.com/polyloop/polyloop/scripted"
 	"github.com/polyloop/polyloop/seams"
 )
@@ -51,9 +52,11 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	// The Definition is what every run of this agent shares; the Request is
-	// this run's (its budget's zero fields take engine's defaults).
-	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store, Interrupt: interrupted.Done()}
+	// The Definition is what every run of this agent shares — here with a
+	// line printed per step as it becomes durable; the Request is this
+	// run's (its budget's zero fields take engine's defaults).
+	def := engine.Definition{Model: model, Parser: parsers.ToolCalls{}, Store: store, Interrupt: interrupted.Done(),
+		Events: progress.New(os.Stdout)}
 	req := engine.Request{RunID: "minimal-1", Tools: tools,
 		ModelReplayPolicy: events.ReplaySafe, // a model call may be repeated after a crash
 		Context:           engine.Context{GoalLevel: []seams.Message{seams.Text(seams.RoleUser, "What is 2 + 40? Use the add tool.")}}}
