@@ -88,10 +88,10 @@ type StreamReader struct {
 	// problem set). A store serving its reads to another process forwards
 	// them, and a StreamReader there handed the same reports what this one
 	// does.
-	Tee     func(id ulid.ULID, value []byte, earlier bool, problem error)
-	envs    []Envelope
-	bad     []error
-	stop    error
+	Tee  func(id ulid.ULID, value []byte, earlier bool, problem error)
+	envs []Envelope
+	bad  []error
+	stop error
 	// reply is what the stream holds as its latest reply so far, for
 	// values that refer to it; with Earlier set, it is known once a reply
 	// or a problem has been read, or Earlier has been.

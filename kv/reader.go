@@ -60,6 +60,7 @@ var (
 	_ seams.RunReader    = (*Reader)(nil)
 	_ seams.RunTailer    = (*Reader)(nil)
 	_ seams.RunDescriber = (*Reader)(nil)
+	_ seams.RunScanner   = (*Reader)(nil)
 )
 
 // OpenReader opens a Reader of the store file at path with o's
@@ -120,6 +121,7 @@ type reads interface {
 	Load(ctx context.Context, runID string) ([]events.Envelope, error)
 	LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error)
 	Describe(ctx context.Context, runID string) (RunInfo, error)
+	Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error
 }
 
 // acquire returns what to read through now, and the release to call when
@@ -295,4 +297,10 @@ func (r *Reader) LoadAfter(ctx context.Context, runID string, seen int, last uli
 func (r *Reader) Describe(ctx context.Context, runID string) (info RunInfo, err error) {
 	err = r.do(func(via reads) error { info, err = via.Describe(ctx, runID); return err })
 	return info, err
+}
+
+// Scan implements seams.RunScanner as Store.Scan does (fn should be quick:
+// it runs while the Reader holds the file, or the reply is in hand).
+func (r *Reader) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
+	return r.do(func(via reads) error { return via.Scan(ctx, runID, fn) })
 }

@@ -52,6 +52,7 @@ var (
 	_ seams.RunReader    = (*Remote)(nil)
 	_ seams.RunTailer    = (*Remote)(nil)
 	_ seams.RunDescriber = (*Remote)(nil)
+	_ seams.RunScanner   = (*Remote)(nil)
 )
 
 // errNoSocket: nothing answers on the file's reader socket: no socket
@@ -225,7 +226,19 @@ func (r *Remote) Load(ctx context.Context, runID string) ([]events.Envelope, err
 	if err := r.get(ctx, fmt.Sprintf("load run %q", clip(runID, 80)), "/load", url.Values{"run": {runID}}, &rep); err != nil {
 		return nil, err
 	}
-	return replay(runID, rep.Reads)
+	return replay(runID, rep.Reads, nil)
+}
+
+// Scan implements seams.RunScanner as Store.Scan does, from the values
+// the writer read (the whole run in one reply: a scan through the socket
+// spares this process holding the decoded stream, not the transfer).
+func (r *Remote) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
+	var rep wireReply
+	if err := r.get(ctx, fmt.Sprintf("load run %q", clip(runID, 80)), "/load", url.Values{"run": {runID}}, &rep); err != nil {
+		return err
+	}
+	_, err := replay(runID, rep.Reads, fn)
+	return err
 }
 
 // LoadAfter implements seams.RunTailer as Store.LoadAfter does.
@@ -236,22 +249,22 @@ func (r *Remote) LoadAfter(ctx context.Context, runID string, seen int, last uli
 		return nil, err
 	}
 	if rep.Whole {
-		stream, err := replay(runID, rep.Reads)
+		stream, err := replay(runID, rep.Reads, nil)
 		return seams.StreamAfter(runID, stream, err, seen, last)
 	}
-	return replay(runID, rep.Reads)
+	return replay(runID, rep.Reads, nil)
 }
 
 // replay hands a stream reader what the writer's was handed, and returns
-// what Store.Load returns from it.
-func replay(runID string, reads []wireRead) ([]events.Envelope, error) {
+// what Store.Load returns from it (with each set, Store.Scan).
+func replay(runID string, reads []wireRead, each func(events.Envelope) error) ([]events.Envelope, error) {
 	var earlier []wireRead
 	for _, w := range reads {
 		if w.Earlier {
 			earlier = append(earlier, w)
 		}
 	}
-	r := events.StreamReader{RunID: runID}
+	r := events.StreamReader{RunID: runID, Each: each}
 	if len(earlier) > 0 {
 		r.Earlier = func(yield func(ulid.ULID, []byte) bool) {
 			for _, w := range earlier {
@@ -262,6 +275,9 @@ func replay(runID string, reads []wireRead) ([]events.Envelope, error) {
 		}
 	}
 	for _, w := range reads {
+		if r.Stopped() {
+			break
+		}
 		switch {
 		case w.Earlier:
 		case w.Problem != "":

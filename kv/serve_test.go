@@ -132,6 +132,20 @@ func TestServedReadsAnswerAsTheFileDoes(t *testing.T) {
 				if d.change == nil && gotErr != nil {
 					t.Fatalf("Load of a sound run through the socket: %v", gotErr)
 				}
+				for _, stop := range []int{-1, 2} { // the whole run, and a scan fn stops
+					scan := func(s seams.RunScanner) (got []events.Envelope, err error) {
+						err = s.Scan(ctx, "r", func(env events.Envelope) error {
+							if got = append(got, env); len(got) == stop {
+								return errStopScan
+							}
+							return nil
+						})
+						return got, err
+					}
+					want, wantErr := scan(s)
+					got, gotErr := scan(r)
+					sameRead(t, fmt.Sprintf("Scan stopped at %d", stop), got, gotErr, want, wantErr)
+				}
 				for seen := 0; seen <= len(written)+1; seen++ {
 					last := ulidOf(written, seen)
 					want, wantErr := s.LoadAfter(ctx, "r", seen, last)
@@ -172,6 +186,8 @@ func TestServedReadsAnswerAsTheFileDoes(t *testing.T) {
 		}
 	}
 }
+
+var errStopScan = errors.New("stop the scan")
 
 // ulidOf is the key of stream's seen-th event, zero for none.
 func ulidOf(stream []events.Envelope, seen int) (id [16]byte) {
