@@ -157,7 +157,9 @@
 // included), the problems the writer found beside them, so a read through
 // the socket answers what a read of the file would, damage included.
 //
-// Options.NoServe turns the socket off; Store.Serving says where it
+// Options.NoServe turns the socket off (a Store opened inside a
+// testing/synctest bubble needs it: a listener waiting for connections is
+// not durably blocked); Store.Serving says where it
 // listens or why it does not (read-only, NoServe, a socket path longer
 // than the 107 bytes a socket address holds, a file that is not a socket
 // in its place, the listen's failure) — none of which fails Open. A

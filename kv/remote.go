@@ -76,8 +76,10 @@ func Dial(path string) (*Remote, error) {
 			}
 			return c, nil
 		},
-		MaxIdleConns:          4,
-		MaxConnsPerHost:       4,
+		MaxIdleConns:          1, // the writer serves a few connections at once: take few
+		MaxIdleConnsPerHost:   1,
+		MaxConnsPerHost:       2,
+		IdleConnTimeout:       servedIdle / 2,
 		DisableCompression:    true,
 		ResponseHeaderTimeout: servedDeadline + servedDeadline/2,
 	}

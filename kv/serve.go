@@ -32,9 +32,10 @@ const protocolHeader = "Polyloop-Kv-Protocol"
 
 // Limits of the served reads: they must not hurt the writer.
 const (
-	maxServedConns  = 8                // connections served at once; more wait to be accepted
+	maxServedConns  = 16               // connections served at once; more wait to be accepted
 	servedDeadline  = 30 * time.Second // a request's read and its response's write
 	maxRequestBytes = 8 << 10          // a request's header (its body is refused)
+	servedIdle      = 5 * time.Second  // how long an idle connection is kept
 )
 
 // maxSocketPath is the longest socket path the system's sockaddr_un holds
@@ -117,7 +118,7 @@ func (s *Store) serve(o Options) {
 		ReadHeaderTimeout: servedDeadline,
 		ReadTimeout:       servedDeadline,
 		WriteTimeout:      servedDeadline,
-		IdleTimeout:       time.Minute,
+		IdleTimeout:       servedIdle, // an idle reader's connection gives its place back soon
 		MaxHeaderBytes:    maxRequestBytes,
 		ErrorLog:          nil,
 	}
