@@ -81,9 +81,17 @@ type StreamReader struct {
 	// reply before it (references, refs.go), and reads back only as far
 	// as that reply. Nil: the reader is handed the stream from its start.
 	Earlier iter.Seq2[ulid.ULID, []byte]
-	envs    []Envelope
-	bad     []error
-	stop    error
+	// Tee, when set, is handed what the reader is handed, in order, before
+	// the reader acts on it: each value (Value: earlier false), each value
+	// read back through Earlier (earlier true; nil for one the store could
+	// not read), and each problem a store reports (Problem: value nil,
+	// problem set). A store serving its reads to another process forwards
+	// them, and a StreamReader there handed the same reports what this one
+	// does.
+	Tee  func(id ulid.ULID, value []byte, earlier bool, problem error)
+	envs []Envelope
+	bad  []error
+	stop error
 	// reply is what the stream holds as its latest reply so far, for
 	// values that refer to it; with Earlier set, it is known once a reply
 	// or a problem has been read, or Earlier has been.
@@ -111,13 +119,16 @@ func (r *StreamReader) Value(id ulid.ULID, b []byte) (Envelope, bool) {
 	if r.Earlier != nil && !r.replyKnown {
 		reply = nil // not known yet: a value that needs it says so
 	}
+	if r.Tee != nil {
+		r.Tee(id, b, false, nil)
+	}
 	env, err := unmarshal(r.RunID, id, b, reply)
 	if reply == nil && errors.Is(err, ErrNeedsStream) {
 		r.readEarlier()
 		env, err = unmarshal(r.RunID, id, b, &r.reply)
 	}
 	if err != nil {
-		r.Problem(err)
+		r.problem(err)
 		return Envelope{}, false
 	}
 	if content, changed := ReplyAfter(env.Event); changed {
@@ -138,6 +149,15 @@ func (r *StreamReader) Stopped() bool { return r.stop != nil }
 // Problem records a problem the store found itself (an event missing, a
 // key that is not a ULID).
 func (r *StreamReader) Problem(err error) {
+	if r.Tee != nil {
+		r.Tee(ulid.ULID{}, nil, false, err)
+	}
+	r.problem(err)
+}
+
+// problem records a problem the reader found (a value that does not
+// decode), or a store's.
+func (r *StreamReader) problem(err error) {
 	r.bad = append(r.bad, err)
 	r.reply, r.replyKnown = streamReply{lost: true}, true
 }
@@ -148,8 +168,11 @@ func (r *StreamReader) Problem(err error) {
 func (r *StreamReader) readEarlier() {
 	r.replyKnown = true
 	for id, b := range r.Earlier {
+		if r.Tee != nil {
+			r.Tee(id, b, true, nil)
+		}
 		if b == nil {
-			r.Problem(fmt.Errorf("event %s, before those read, cannot be read", id))
+			r.problem(fmt.Errorf("event %s, before those read, cannot be read", id))
 			return
 		}
 		env, err := unmarshal(r.RunID, id, b, nil)
@@ -157,7 +180,7 @@ func (r *StreamReader) readEarlier() {
 		case errors.Is(err, ErrNeedsStream):
 			continue // a step referring further back: not a reply
 		case err != nil:
-			r.Problem(err)
+			r.problem(err)
 			return
 		}
 		if content, changed := ReplyAfter(env.Event); changed {

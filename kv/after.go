@@ -23,14 +23,25 @@ var _ seams.RunTailer = (*Store)(nil)
 // to last, a value that does not decode — and it reads the whole stream
 // as Load does, answering as Load answers (seams.StreamAfter).
 func (s *Store) LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error) {
-	if seen <= 0 {
-		stream, err := s.Load(ctx, runID)
+	return s.loadAfter(ctx, runID, seen, last, nil)
+}
+
+// loadAfter is LoadAfter; rec, when set, records what the stream reader
+// that answers is handed (a served read), and whether it read the whole
+// stream (Load's answer, cut by seams.StreamAfter).
+func (s *Store) loadAfter(ctx context.Context, runID string, seen int, last ulid.ULID, rec *recording) ([]events.Envelope, error) {
+	whole := func() ([]events.Envelope, error) {
+		rec.reset(true)
+		stream, err := s.read(ctx, runID, nil, rec)
 		return seams.StreamAfter(runID, stream, err, seen, last)
 	}
-	if err := s.readable(ctx, runID); err != nil {
-		return nil, err
+	if seen <= 0 {
+		return whole()
 	}
-	r := events.StreamReader{RunID: runID}
+	if err := s.readable(ctx, runID); err != nil {
+		return nil, rec.failed(err)
+	}
+	r := events.StreamReader{RunID: runID, Tee: rec.teeFunc()}
 	read := false
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
@@ -48,8 +59,7 @@ func (s *Store) LoadAfter(ctx context.Context, runID string, seen int, last ulid
 	if out, rerr := r.Stream(); err == nil && read && rerr == nil {
 		return out, nil
 	}
-	stream, err := s.Load(ctx, runID)
-	return seams.StreamAfter(runID, stream, err, seen, last)
+	return whole()
 }
 
 func (l logLayout) readAfter(tx *bolt.Tx, _ string, info RunInfo, seen int, last ulid.ULID, r *events.StreamReader) bool {

@@ -130,6 +130,45 @@
 // reading (a file truncated while open) are turned into errors with
 // debug.SetPanicOnFault.
 //
+// # Readers of a file being written
+//
+// bbolt lets no second process open a file being written, so the writer
+// serves its readers. A Store opened read-write listens on a Unix socket
+// beside its file (SocketPath: the path with ".sock" added) and answers
+// the reads of a read-only Store — Runs, Describe, Load, LoadAfter, Scan —
+// to processes of its own user: the socket's mode is 0600, and on Linux
+// each peer's user id is checked (SO_PEERCRED; elsewhere the socket's mode
+// alone keeps other users out). A reader opens it with Dial, which gives a
+// Remote, or with OpenReader, which gives a Reader: each read opens the
+// file read-only for a moment (reads close together share one opening, a
+// quarter of a second at most, then a pause in which a waiting writer
+// takes the lock), and while a process holds the file for writing reads
+// go through its socket instead. A long-lived reader (a viewer, a follower
+// of a run) thus never keeps an agent from opening its file. The socket
+// speaks HTTP/1.1 with msgpack bodies, versioned (ProtocolVersion;
+// ErrProtocolVersion when writer and reader differ). The writer reads in
+// its own read transactions, which see committed transactions only — the
+// durable events, unless the store is NoSync, whose commits are not
+// synced — copies what it read out of the transaction, and sends it after:
+// no transaction waits on a slow reader; at most a few connections are
+// served at once, each request within a deadline, and appends never wait
+// for the socket, which has a goroutine of its own. The values come as
+// stored and are decoded and checked on the reader's side (checksums
+// included), the problems the writer found beside them, so a read through
+// the socket answers what a read of the file would, damage included.
+//
+// Options.NoServe turns the socket off (a Store opened inside a
+// testing/synctest bubble needs it: a listener waiting for connections is
+// not durably blocked); Store.Serving says where it
+// listens or why it does not (read-only, NoServe, a socket path longer
+// than the 107 bytes a socket address holds, a file that is not a socket
+// in its place, the listen's failure) — none of which fails Open. A
+// socket left by a writer that was killed is replaced by the next writer,
+// which holds the file's exclusive lock. Close stops the listener, ends
+// its connections and removes the socket. A writer that stops answering
+// in the middle of a read (killed) fails that read with ErrWriterGone;
+// the file is then no longer held, and a Reader's next read opens it.
+//
 // # Pages, retention, compaction
 //
 // New files use 16 KiB pages (Options.PageSize; a file keeps the page size

@@ -289,6 +289,7 @@ func open(f *os.File, path string, o Options, timeout time.Duration) (*Store, er
 		return fail(fmt.Errorf("kv: open %s: read the queue: %w", path, err))
 	}
 	s.idle = sync.NewCond(&s.mu)
+	s.serve(o)
 	return s, nil
 }
 

@@ -43,7 +43,7 @@ func TestAnAppendCancelledWhileQueuedWritesNothing(t *testing.T) {
 // context end: it is then blocked until the commit, or has returned.)
 func TestAnAppendTakenIntoAGroupReportsItsCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := storeMidCommit(t, Options{})
+		s := storeMidCommit(t, Options{NoServe: true}) // in a bubble: no listener blocked in Accept
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		res := appendAside(ctx, s, "t")
@@ -79,7 +79,7 @@ func TestAnAppendTakenIntoAGroupReportsItsCommit(t *testing.T) {
 // append, and Close, would wait forever.
 func TestAnAppendPromotedToLeaderAsItsContextEndsLeads(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := storeMidCommit(t, Options{})
+		s := storeMidCommit(t, Options{NoServe: true}) // in a bubble: no listener blocked in Accept
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		res := appendAside(ctx, s, "p")

@@ -22,7 +22,7 @@ import (
 // with an error wrapping ErrCorrupt and an *events.DamageError listing
 // every problem.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	return s.read(ctx, runID, nil)
+	return s.read(ctx, runID, nil, nil)
 }
 
 var _ seams.RunScanner = (*Store)(nil)
@@ -32,7 +32,7 @@ var _ seams.RunScanner = (*Store)(nil)
 // (fn should not wait on this store's writers: a writer that must grow the
 // file waits for the read to end).
 func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
-	_, err := s.read(ctx, runID, fn)
+	_, err := s.read(ctx, runID, fn, nil)
 	return err
 }
 
@@ -48,12 +48,14 @@ func (s *Store) readable(ctx context.Context, runID string) error {
 	return s.checkOpen()
 }
 
-// read is Load, or with each set Scan.
-func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
+// read is Load, or with each set Scan; rec, when set, records what the
+// stream reader is handed, or the failure that kept it from reading (a
+// served read).
+func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error, rec *recording) ([]events.Envelope, error) {
 	if err := s.readable(ctx, runID); err != nil {
-		return nil, err
+		return nil, rec.failed(err)
 	}
-	r := events.StreamReader{RunID: runID, Each: each}
+	r := events.StreamReader{RunID: runID, Each: each, Tee: rec.teeFunc()}
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			index := tx.Bucket(indexBucket)
@@ -86,8 +88,13 @@ func (s *Store) read(ctx context.Context, runID string, each func(events.Envelop
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kv: load run %q: %w", runID, err)
+		return nil, rec.failed(fmt.Errorf("kv: load run %q: %w", runID, err))
 	}
+	return loaded(runID, &r)
+}
+
+// loaded is what Load returns once r was handed runID's stream.
+func loaded(runID string, r *events.StreamReader) ([]events.Envelope, error) {
 	out, err := r.Stream()
 	switch {
 	case r.Stopped():

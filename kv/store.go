@@ -78,6 +78,10 @@ type Options struct {
 	// PageSize is the page size of a store Open creates (a power of two,
 	// 1 KiB to 64 KiB; zero: DefaultPageSize). An existing file keeps its own.
 	PageSize int
+	// NoServe: a Store opened read-write does not answer other processes'
+	// reads over a socket beside its file (SocketPath; see "Readers of a
+	// file being written" in the package doc). The zero value serves them.
+	NoServe bool
 
 	format string // the format of a store Open creates; tests make format 1 files
 }
@@ -133,6 +137,10 @@ type Store struct {
 	idle    *sync.Cond // signalled when leadership ends (Close waits on it)
 
 	txCount atomic.Uint64 // durable transactions committed, for tests and benchmarks
+
+	// The reader socket (serve.go): the server, or why there is none.
+	served   *server
+	serveErr error
 }
 
 // guard turns a panic inside bbolt (a damaged page, or a fault on a truncated
@@ -187,6 +195,9 @@ func (s *Store) Close() error {
 		s.idle.Wait()
 	}
 	s.mu.Unlock()
+	if s.served != nil {
+		s.served.stop() // before the file: reads in progress end with their connections
+	}
 	err := withFaultsAsPanics(s.db.Close)
 	unlockFile(s.file) // a no-op once bbolt closed the file
 	s.file.Close()

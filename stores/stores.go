@@ -32,10 +32,11 @@ type Store interface {
 
 // Options configure Open; each store reads the ones that concern it.
 type Options struct {
-	// ReadOnly opens for reading only (both stores).
+	// ReadOnly opens for reading only (both stores); a bbolt file is read
+	// while another process writes it (kv.OpenReader).
 	ReadOnly bool
 	// LockTimeout bounds the wait for a bbolt file another process holds
-	// (kv.Options.LockTimeout).
+	// without serving readers (kv.Options.LockTimeout).
 	LockTimeout time.Duration
 	// ConnectTimeout bounds connecting to PostgreSQL
 	// (pgstore.Options.ConnectTimeout).
@@ -52,7 +53,11 @@ func IsPostgres(target string) bool { return formOf(target) != formFile }
 // Open opens target: a PostgreSQL connection string (IsPostgres) with
 // pgstore, in the schema its polyloop_schema parameter names
 // (pgstore.DefaultSchema without one), anything else as a bbolt file with
-// kv. Its errors never hold a password: a connection string is named as
+// kv — read-write with kv.Open (a file another process holds is
+// kv.ErrLocked: its writer must stop first), read-only with kv.OpenReader,
+// which holds the file only while it reads and, while another process
+// writes the file, reads through that process's reader socket, so a
+// reader never keeps an agent from opening its store. Its errors never hold a password: a connection string is named as
 // Describe names it, and one that pgx would misread or quote in part in its
 // error (a URL whose password holds an unencoded '@', '/' or '&', a
 // keyword/value string that stops making sense) is refused, saying why.
@@ -60,7 +65,10 @@ func Open(ctx context.Context, target string, o Options) (Store, error) {
 	dsn, problem := target, ""
 	switch formOf(target) {
 	case formFile:
-		return kv.Open(target, kv.Options{ReadOnly: o.ReadOnly, LockTimeout: o.LockTimeout})
+		if o.ReadOnly {
+			return kv.OpenReader(target, kv.Options{LockTimeout: o.LockTimeout})
+		}
+		return kv.Open(target, kv.Options{LockTimeout: o.LockTimeout})
 	case formURL:
 		u := parseURL(target)
 		dsn, problem = u.String(), u.problem()

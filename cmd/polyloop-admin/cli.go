@@ -270,6 +270,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitProblem
 	}
 	res, err := kv.Compact(pos[0], kv.Options{LockTimeout: 2 * time.Second})
+	if errors.Is(err, kv.ErrLocked) {
+		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", err, heldAdvice)
+		return exitProblem
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
 		return exitProblem
@@ -278,13 +282,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// heldAdvice follows the error of a command that writes a bbolt file
+// another process holds.
+const heldAdvice = "stop the process that writes it first: a bbolt file is changed by that process (engine.Cancel, engine.Decide, engine.Resolve, worker.Pool.Resume, retention.Expire, kv.Store.DeleteRun) or while none does (polyloop-inspect reads it meanwhile)"
+
 // open opens target read-write, reporting a failure itself (then the
 // store is nil and the exit status says the problem).
 func open(ctx context.Context, target string, stderr io.Writer) (stores.Store, int) {
 	s, err := stores.Open(ctx, target, stores.Options{LockTimeout: 2 * time.Second})
 	switch {
 	case errors.Is(err, kv.ErrLocked):
-		fmt.Fprintf(stderr, "polyloop-admin: %v; a bbolt file is changed by the process that writes it (engine.Cancel, engine.Decide, engine.Resolve, worker.Pool.Resume, retention.Expire, kv.Store.DeleteRun) or while none does\n", err)
+		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", err, heldAdvice)
 		return nil, exitProblem
 	case err != nil:
 		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)

@@ -33,7 +33,9 @@ const usage = `polyloop-inspect dumps and verifies PolyLoop event stores (read-o
 STORE is a bbolt file or a PostgreSQL connection string: a postgres:// URL
 or a key=value string as libpq takes them (read in read-only transactions,
 while agents write; polyloop_schema=NAME picks the schema). A password in
-it is never printed.
+it is never printed. A bbolt file an agent writes is read through the
+agent's socket beside it (FILE.sock), live; the file is held only while
+read, so an agent can start while a command runs.
 
 Usage:
   polyloop-inspect runs [--json] [filters] STORE          list runs, newest first
@@ -140,8 +142,11 @@ With --follow, keeps printing events as they become durable until the run
 finishes (or Ctrl-C). A run not in the store is an error. While nobody
 drives the run (awaiting a worker, or interrupted) it says so once on
 standard error, and again when a driver takes it, and goes on following. A
-PostgreSQL store is followed while agents write; a bbolt file only while
-no other process holds it (mount the viewer in the agent's process).
+PostgreSQL store is followed while agents write, and so is a bbolt file:
+through the socket of the process that writes it, which may start after
+the follow does. If that process is killed meanwhile, the follow ends with
+an error saying it stopped answering (run the command again: it reads the
+file); one that closed the store is followed on in the file.
 `},
 	{name: "steps", min: 2, max: 2, run: stepsCommand, help: `Usage: polyloop-inspect steps [--json] STORE RUN
 
@@ -187,8 +192,9 @@ in_doubt (plan and in_doubt null for a run a driver holds), pending (as runs
 Serves the run viewer over STORE until Ctrl-C: the runs page, a page per
 run with its step timeline, and JSON endpoints with the names --json
 prints (see package viewer). It listens on the loopback interface unless
---addr says otherwise, and only reads. A bbolt file stays held while it is
-served; a PostgreSQL store is read live while agents write. A run
+--addr says otherwise, and only reads. Both a bbolt file and a PostgreSQL
+store are read live while agents write: the file is held only while read,
+so an agent starts while it is served, and is read through its socket. A run
 awaiting a person shows its pending call; polyloop-admin serve is the
 viewer whose pages also record the decisions.
 `},

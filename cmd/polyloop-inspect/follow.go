@@ -16,10 +16,10 @@ import (
 var followPoll = 250 * time.Millisecond
 
 // followRun prints runID's events as they become durable, from the first,
-// until the run finishes or ctx ends (report.Follower). It reads the store
-// directly, so it follows a PostgreSQL store while agents write (a bbolt
-// file can be followed only while no other process holds it; mount the
-// viewer in the agent's process for that).
+// until the run finishes or ctx ends (report.Follower). It follows a
+// PostgreSQL store while agents write, and a bbolt file through the
+// socket of the process that writes it (kv.Reader, which holds the file
+// only while it reads).
 func (c *call) followRun(ctx context.Context, runID string, print func(env events.Envelope)) int {
 	s, ok := c.openStore(c.args[0])
 	if !ok {

@@ -330,12 +330,14 @@ func transcriptCases(path string) [][]string {
 	}
 }
 
-// TestHeldStoreGivesAClearMessage: a store open for writing is reported
-// with who holds it (here: this process; kv's tests hold it from another),
-// not waited on forever.
+// TestHeldStoreGivesAClearMessage: a store open for writing by a writer
+// that does not answer readers on its socket is reported with who holds
+// it (here: this process; kv's tests hold it from another) and why
+// nothing answers, not waited on forever. (A writer that serves readers is
+// read through its socket: process_test.go.)
 func TestHeldStoreGivesAClearMessage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "held.db")
-	s, err := kv.Open(path, kv.Options{})
+	s, err := kv.Open(path, kv.Options{NoServe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +349,8 @@ func TestHeldStoreGivesAClearMessage(t *testing.T) {
 	if code := run([]string{"runs", path}, &out, &out); code != exitProblem {
 		t.Fatalf("exit %d", code)
 	}
-	if !strings.Contains(out.String(), "held for writing") || !strings.Contains(out.String(), "this process") {
+	if !strings.Contains(out.String(), "held for writing") || !strings.Contains(out.String(), "this process") ||
+		!strings.Contains(out.String(), "does not answer readers on its socket") {
 		t.Fatalf("message: %s", out.String())
 	}
 }

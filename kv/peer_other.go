@@ -1,0 +1,10 @@
+//go:build !linux
+
+package kv
+
+import "net"
+
+// checkPeer accepts every connection on systems where kv does not read a
+// Unix socket peer's credentials: the socket file's mode (0600, in the
+// store's directory) is then what keeps other users out.
+func checkPeer(net.Conn) error { return nil }

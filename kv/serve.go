@@ -1,0 +1,387 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/polyloop/polyloop/seams"
+)
+
+// The reader socket (see "Readers of a file being written" in the package
+// doc). A Store opened read-write answers other processes' reads over a
+// Unix socket beside its file, with HTTP/1.1 whose bodies are msgpack.
+
+// ProtocolVersion is the version of the reader socket's protocol. A reader
+// and a writer of different versions refuse each other with
+// ErrProtocolVersion.
+const ProtocolVersion = "1"
+
+// protocolHeader carries ProtocolVersion in each request and response.
+const protocolHeader = "Polyloop-Kv-Protocol"
+
+// Limits of the served reads: they must not hurt the writer.
+const (
+	maxServedConns  = 16               // connections served at once; more wait to be accepted
+	servedDeadline  = 30 * time.Second // a request's read and its response's write
+	maxRequestBytes = 8 << 10          // a request's header (its body is refused)
+	servedIdle      = 5 * time.Second  // how long an idle connection is kept
+)
+
+// maxSocketPath is the longest socket path the system's sockaddr_un holds
+// (its sun_path, less the terminating NUL).
+const maxSocketPath = 107
+
+var (
+	// ErrNotServed: a Store does not answer readers over a socket; the
+	// error says why (Store.Serving).
+	ErrNotServed = errors.New("kv: the store does not serve readers over a socket")
+	// ErrProtocolVersion: the writer's reader socket speaks another
+	// version of the protocol (ProtocolVersion).
+	ErrProtocolVersion = errors.New("kv: the writer's reader socket speaks another protocol version")
+	// ErrWriterGone: the process writing a file stopped answering in the
+	// middle of a read over its socket (it was killed, or closed the
+	// store). Open the store again: once the writer is gone the file is
+	// opened directly.
+	ErrWriterGone = errors.New("kv: the process writing the store stopped answering")
+)
+
+// SocketPath is the reader socket of the store file at path: path with
+// ".sock" added.
+func SocketPath(path string) string { return path + ".sock" }
+
+// Serving returns the socket a read-write Store answers readers on, or an
+// error wrapping ErrNotServed that says why it does not: opened read-only,
+// Options.NoServe, a socket path too long for a Unix socket's address, or
+// the listen's own failure. Open never fails for it.
+func (s *Store) Serving() (socket string, err error) {
+	if s.served == nil {
+		return "", s.serveErr
+	}
+	return s.served.path, nil
+}
+
+// server is a Store's reader socket: a listener and the HTTP server on it.
+type server struct {
+	path string
+	srv  *http.Server
+	done chan struct{} // closed when Serve returned
+}
+
+// serve starts s's reader socket, or records in s.serveErr why not.
+func (s *Store) serve(o Options) {
+	why := func(format string, a ...any) {
+		s.serveErr = fmt.Errorf("%w: %s", ErrNotServed, fmt.Sprintf(format, a...))
+	}
+	sock := SocketPath(s.path)
+	switch {
+	case s.readOnly:
+		why("%s is opened read-only", s.path)
+		return
+	case o.NoServe:
+		why("Options.NoServe is set")
+		return
+	case len(sock) > maxSocketPath:
+		why("its socket path %s is %d bytes, longer than the %d a Unix socket's address holds (move the store to a shorter path)", sock, len(sock), maxSocketPath)
+		return
+	}
+	// A socket left by a writer that died: this Store holds the file's
+	// exclusive lock, so no live writer owns it. Anything else is left be.
+	if fi, err := os.Lstat(sock); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			why("%s exists and is not a socket (%s); it is left as it is", sock, fi.Mode().Type())
+			return
+		}
+		if err := os.Remove(sock); err != nil {
+			why("remove the stale socket %s: %v", sock, err)
+			return
+		}
+	}
+	l, err := listenSocket(sock)
+	if err != nil {
+		why("listen on %s: %v", sock, err)
+		return
+	}
+	sv := &server{path: sock, done: make(chan struct{})}
+	sv.srv = &http.Server{
+		Handler:           &handler{store: s},
+		ReadHeaderTimeout: servedDeadline,
+		ReadTimeout:       servedDeadline,
+		WriteTimeout:      servedDeadline,
+		IdleTimeout:       servedIdle, // an idle reader's connection gives its place back soon
+		MaxHeaderBytes:    maxRequestBytes,
+		ErrorLog:          nil,
+	}
+	s.served = sv
+	go func() {
+		defer close(sv.done)
+		sv.srv.Serve(&peerListener{Listener: l, slots: make(chan struct{}, maxServedConns)})
+	}()
+}
+
+// listenSocket listens on a Unix socket at path, mode 0600. A peer that
+// connects between the bind and the chmod is still checked (peerListener).
+func listenSocket(path string) (net.Listener, error) {
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// stop closes the reader socket: the listener, every connection, the
+// socket file. Reads in progress end with their connection.
+func (sv *server) stop() {
+	sv.srv.Close() // closes the listener (which removes the socket file) and the connections
+	<-sv.done
+	os.Remove(sv.path) // in case the listener did not (it removes only what it created)
+}
+
+// peerListener accepts at most cap(slots) connections at once, and only
+// from processes of this process's user (checkPeer).
+type peerListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *peerListener) Accept() (net.Conn, error) {
+	for {
+		l.slots <- struct{}{}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			<-l.slots
+			return nil, err
+		}
+		if err := checkPeer(c); err != nil {
+			c.Close()
+			<-l.slots
+			continue
+		}
+		return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
+	}
+}
+
+// slotConn frees its listener's slot when closed.
+type slotConn struct {
+	net.Conn
+	once sync.Once
+	free func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.free)
+	return err
+}
+
+// sameUser refuses a peer whose user id is not this process's.
+func sameUser(peer int) error {
+	if me := os.Getuid(); peer != me {
+		return fmt.Errorf("kv: reader socket: a process of user %d connected; only user %d's are answered", peer, me)
+	}
+	return nil
+}
+
+// The wire: one reply type for every request, msgpack-encoded.
+
+// wireReply is a served read's answer.
+type wireReply struct {
+	Err   *wireError      `msgpack:"err,omitempty"`
+	Infos []seams.RunInfo `msgpack:"infos,omitempty"`
+	Info  *seams.RunInfo  `msgpack:"info,omitempty"`
+	// Reads is what the stream reader that read the run was handed
+	// (events.StreamReader.Tee), in order; Whole, that it read the whole
+	// stream (a LoadAfter answered by Load).
+	Reads []wireRead `msgpack:"reads,omitempty"`
+	Whole bool       `msgpack:"whole,omitempty"`
+	// Writer names the writing process (in a hello).
+	Writer string `msgpack:"writer,omitempty"`
+}
+
+// wireRead is one thing a stream reader was handed: a stored value, a
+// value read back (Earlier, nil when unreadable), or a problem's text.
+type wireRead struct {
+	Key     []byte `msgpack:"k,omitempty"`
+	Value   []byte `msgpack:"v,omitempty"`
+	Earlier bool   `msgpack:"e,omitempty"`
+	Problem string `msgpack:"p,omitempty"`
+}
+
+// wireError is an error as the writer's store returned it: its text, and
+// which of the contract's errors it wraps (Kind).
+type wireError struct {
+	Kind string `msgpack:"kind"`
+	Text string `msgpack:"text"`
+}
+
+// The kinds of wireError, with the errors they stand for.
+var wireKinds = []struct {
+	kind string
+	err  error
+}{
+	{"corrupt", ErrCorrupt},
+	{"invalid_run_id", seams.ErrInvalidRunID},
+	{"no_run", seams.ErrNoRun},
+	{"stream_changed", seams.ErrStreamChanged},
+	{"closed", ErrClosed},
+	{"deadline", context.DeadlineExceeded},
+	{"canceled", context.Canceled},
+}
+
+func toWire(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	w := &wireError{Text: err.Error()}
+	for _, k := range wireKinds {
+		if errors.Is(err, k.err) {
+			w.Kind = k.kind
+			break
+		}
+	}
+	return w
+}
+
+// remoteError is an error the writer's store returned, as the reader
+// rebuilds it: the same text, wrapping the same contract error.
+type remoteError struct {
+	text string
+	kind error
+}
+
+func (e *remoteError) Error() string { return e.text }
+func (e *remoteError) Unwrap() error { return e.kind }
+
+func (w *wireError) err() error {
+	if w == nil {
+		return nil
+	}
+	e := &remoteError{text: w.Text}
+	for _, k := range wireKinds {
+		if k.kind == w.Kind {
+			e.kind = k.err
+		}
+	}
+	return e
+}
+
+// recording collects what a stream reader is handed, copied out of the
+// read transaction, for a served read: the reads, whether they are the
+// whole stream's, and the failure that kept a read from the stream (err).
+// A nil recording records nothing.
+type recording struct {
+	reads []wireRead
+	whole bool
+	err   error
+}
+
+func (r *recording) reset(whole bool) {
+	if r != nil {
+		r.reads, r.whole, r.err = r.reads[:0], whole, nil
+	}
+}
+
+// failed records err, a failure outside the stream reader, and returns it.
+func (r *recording) failed(err error) error {
+	if r != nil {
+		r.err = err
+	}
+	return err
+}
+
+// teeFunc is the stream reader's Tee for r: nil for no recording.
+func (r *recording) teeFunc() func(ulid.ULID, []byte, bool, error) {
+	if r == nil {
+		return nil
+	}
+	return r.tee
+}
+
+func (r *recording) tee(id ulid.ULID, value []byte, earlier bool, problem error) {
+	w := wireRead{Earlier: earlier}
+	switch {
+	case problem != nil:
+		w.Problem = problem.Error()
+		if w.Problem == "" {
+			w.Problem = "(a problem without text)"
+		}
+	default:
+		w.Key = append([]byte(nil), id[:]...)
+		if value != nil {
+			w.Value = append(make([]byte, 0, len(value)), value...) // the transaction's pages are not ours to keep
+		}
+	}
+	r.reads = append(r.reads, w)
+}
+
+// handler answers the reader socket's requests with s's reads.
+type handler struct{ store *Store }
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(protocolHeader, ProtocolVersion)
+	if v := r.Header.Get(protocolHeader); v != ProtocolVersion {
+		http.Error(w, fmt.Sprintf("kv: reader protocol %q; this writer speaks %q", v, ProtocolVersion), http.StatusBadRequest)
+		return
+	}
+	if r.Method != http.MethodGet || r.ContentLength != 0 {
+		http.Error(w, "kv: reader socket: only GET without a body", http.StatusMethodNotAllowed)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), servedDeadline)
+	defer cancel()
+	s, q := h.store, r.URL.Query()
+	runID := q.Get("run")
+	var rep wireReply
+	switch r.URL.Path {
+	case "/hello":
+		rep.Writer = fmt.Sprintf("pid %d", os.Getpid())
+	case "/runs":
+		infos, err := s.Runs(ctx)
+		rep.Infos, rep.Err = infos, toWire(err)
+	case "/describe":
+		info, err := s.Describe(ctx, runID)
+		rep.Info, rep.Err = &info, toWire(err)
+	case "/load":
+		rec := recording{whole: true}
+		s.read(ctx, runID, nil, &rec) // damage is in the reads
+		rep.Reads, rep.Whole, rep.Err = rec.reads, true, toWire(rec.err)
+	case "/after":
+		seen, err := strconv.Atoi(q.Get("seen"))
+		if err != nil {
+			http.Error(w, "kv: reader socket: seen is not a number", http.StatusBadRequest)
+			return
+		}
+		last, err := ulid.Parse(q.Get("last"))
+		if err != nil && seen > 0 {
+			http.Error(w, "kv: reader socket: last is not a ULID", http.StatusBadRequest)
+			return
+		}
+		var rec recording
+		s.loadAfter(ctx, runID, seen, last, &rec) // the reader cuts a whole stream as it does (StreamAfter)
+		rep.Reads, rep.Whole, rep.Err = rec.reads, rec.whole, toWire(rec.err)
+	default:
+		http.Error(w, fmt.Sprintf("kv: reader socket: no %s", r.URL.Path), http.StatusNotFound)
+		return
+	}
+	body, err := msgpack.Marshal(&rep) // copied, then sent: no read transaction waits on the reader
+	if err != nil {
+		http.Error(w, "kv: reader socket: encode: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/msgpack")
+	w.Write(body)
+}
