@@ -18,6 +18,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/otelsink"
 	"github.com/polyloop/polyloop/proptest"
+	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
 )
 
@@ -350,4 +351,41 @@ func TestNewWithProviderRefusesBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stuckReader is a store that never answers a read before its context
+// ends.
+type stuckReader struct{ seams.RunReader }
+
+func (stuckReader) Load(ctx context.Context, _ string) ([]events.Envelope, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestAStoreThatDoesNotAnswerHoldsNoSpans: the sink reads a resumed run's
+// log on its one goroutine; a store that does not answer costs the spans
+// of the steps before the resume, after Options.RunsTimeout, and not
+// every span after it.
+func TestAStoreThatDoesNotAnswerHoldsNoSpans(t *testing.T) {
+	store := seamstest.NewMemStore()
+	def, req := agent(&proptest.CrashingStore{Inner: store, After: 4}, nil, script())
+	if _, err := engine.Run(context.Background(), def, req); !errors.Is(err, proptest.ErrCrashed) {
+		t.Fatalf("the first process: %v, want a crash", err)
+	}
+	exp := tracetest.NewInMemoryExporter()
+	sink := otelsink.New(exp, otelsink.Options{Runs: stuckReader{store}, RunsTimeout: 50 * time.Millisecond})
+	def, req = agent(store, sink, script())
+	if _, err := engine.Resume(context.Background(), def, req); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sink.ForceFlush(ctx); err != nil {
+		t.Fatalf("the sink is still reading the store: %v", err)
+	}
+	got := byName(exp.GetSpans())
+	if len(got["invoke_agent polyloop"]) != 1 || len(got["execute_tool count"]) == 0 {
+		t.Fatalf("spans after the resume: %v, want the run's and the resumed steps'", keys(got))
+	}
+	sink.Shutdown(context.Background())
 }

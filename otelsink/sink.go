@@ -190,6 +190,26 @@ type Options struct {
 	// spans of the steps before the resume are only those the other
 	// process exported.
 	Runs seams.RunReader
+	// RunsTimeout bounds each read of Runs (zero: DefaultRunsTimeout). The
+	// sink reads on its one goroutine, so a store that does not answer
+	// would otherwise hold every later event in the queue, and drop those
+	// that do not fit; a read that times out is a read that failed — the
+	// spans it would have added are missing, the rest are exported.
+	RunsTimeout time.Duration
+}
+
+// DefaultRunsTimeout is Options.RunsTimeout's default.
+const DefaultRunsTimeout = 5 * time.Second
+
+// load reads runID's log from Options.Runs within Options.RunsTimeout.
+func (s *Sink) load(runID string) ([]events.Envelope, error) {
+	wait := s.o.RunsTimeout
+	if wait <= 0 {
+		wait = DefaultRunsTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	return s.o.Runs.Load(ctx, runID)
 }
 
 // Sink is the EventSink. Use one per process; it serves every run.
@@ -464,7 +484,7 @@ func (s *Sink) begin(runID string, st *runState, it item) {
 	env := it.env
 	var past []events.Envelope
 	if _, fresh := env.Event.(events.RunStarted); !fresh && s.o.Runs != nil {
-		if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil && len(stream) > 0 {
+		if stream, err := s.load(runID); err == nil && len(stream) > 0 {
 			if t := stream[0].Time(); t.Before(st.start) {
 				st.start = t
 			}
@@ -620,7 +640,7 @@ func (s *Sink) waitEvents(runID string, st *runState, resultID string, span trac
 	marks := st.waits[resultID]
 	delete(st.waits, resultID)
 	if undecided(marks) && s.o.Runs != nil {
-		if stream, err := s.o.Runs.Load(context.Background(), runID); err == nil {
+		if stream, err := s.load(runID); err == nil {
 			found := &runState{waits: map[string][]mark{resultID: marks}}
 			for _, e := range stream {
 				if d, ok := e.Event.(events.Decision); ok && d.ResultID == resultID {
