@@ -237,9 +237,9 @@ func TestDamageCorpus(t *testing.T) {
 	}
 	torn, tornOriginals := tornCopies(t, dir)
 	corpus = append(corpus, torn...)
-	// A sample of each kind of damage: every 64th (128th under the race
+	// A sample of each kind of damage: every 128th (256th under the race
 	// detector), every 8th (16th) under POLYLOOP_SOAK=1, or all of them.
-	every := soak.Count(64, 8)
+	every := soak.Count(128, 8)
 	if raceDetector {
 		every *= 2
 	}
