@@ -201,17 +201,24 @@ func TestGroupedAppendsUnderCancellation(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(r), 1))
 			var tail ulid.ULID
 			written := 0
+			// Each append is abandoned at a random moment within limit,
+			// which doubles after each abandoned one: on a loaded
+			// machine, where most appends take longer than 3 ms, each
+			// run still makes progress.
+			limit := 3000
 			for written < appends && written < len(stream) {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(3000))*time.Microsecond)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(limit))*time.Microsecond)
 				envs, err := s.Append(ctx, id, tail, stream[written])
 				cancel()
 				if err == nil {
 					tail = envs[0].ID
 					written++
+					limit = 3000
 					continue
 				}
 				// Abandoned: what is stored decides where the run is.
 				abandoned.Add(1)
+				limit *= 2
 				got, lerr := s.Load(context.Background(), id)
 				if lerr != nil {
 					t.Errorf("%s: load after an abandoned append: %v", id, lerr)
