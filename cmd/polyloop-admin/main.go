@@ -30,7 +30,7 @@
 // and loopback addresses unless --hosts names others. CALL is the id of the call that waits (polyloop-inspect verify
 // STORE RUN names it). delete and gc name each run they delete and each
 // they leave alone, and why; --dry-run says what they would delete,
-// writing nothing (retention.Check, retention.Preview); --json prints one
+// opening the store read-only (retention.Check, retention.Preview); --json prints one
 // object per run (run_id, action, reason). Exit status: 0 done, 1 a problem (a run or a
 // decision refused, the store unreadable or without what the command
 // needs), 2 bad usage.

@@ -132,23 +132,23 @@ func damage(err error) string {
 	return ""
 }
 
-// deleteRuns deletes the runs ids of s (with force, unfinished ones too),
-// or with dryRun says which it would, deleting nothing. A run refused
-// makes the exit status 1.
-func deleteRuns(ctx context.Context, s retention.Store, o *outcomes, ids []string, force, dryRun bool) int {
-	code := exitOK
+// deleteRuns deletes the runs ids with w (with force, unfinished ones
+// too), or, a dry run with w nil, says which it would from r's listing,
+// deleting nothing. A run refused makes the exit status 1.
+func deleteRuns(ctx context.Context, r seams.RunReader, w retention.Store, o *outcomes, ids []string, force bool) int {
+	code, dryRun := exitOK, w == nil
 	for _, id := range ids {
 		var err error
 		if dryRun {
-			err = retention.Check(ctx, s, id, force)
+			err = retention.Check(ctx, r, id, force)
 		} else {
-			err = s.DeleteRun(ctx, id, force)
+			err = w.DeleteRun(ctx, id, force)
 		}
 		switch {
 		case err == nil:
 			o.done(id, dryRun)
 			continue
-		case !o.refused(ctx, s, id, err):
+		case !o.refused(ctx, r, id, err):
 			fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
 		}
 		code = exitProblem
@@ -156,19 +156,22 @@ func deleteRuns(ctx context.Context, s retention.Store, o *outcomes, ids []strin
 	return code
 }
 
-// gc deletes the finished runs of s whose last event is older than age
-// (retention.Expire), or with dryRun says which it would
-// (retention.Preview), naming each run, then the count. A damaged run, or
-// a failure, makes the exit status 1; a run held by a driver is left for
-// the next pass.
-func gc(ctx context.Context, s retention.Store, o *outcomes, age time.Duration, dryRun bool) int {
-	expire, words := retention.Expire, "deleted"
+// gc deletes with w the finished runs whose last event is older than age
+// (retention.Expire), or, a dry run with w nil, says which it would from
+// r's listing (retention.Preview), naming each run, then the count. A
+// damaged run, or a failure, makes the exit status 1; a run held by a
+// driver is left for the next pass.
+func gc(ctx context.Context, r seams.RunReader, w retention.Store, o *outcomes, age time.Duration) int {
+	dryRun, cutoff := w == nil, time.Now().Add(-age)
+	var res retention.Result
+	var err error
+	words := "deleted"
 	if dryRun {
-		expire, words = func(ctx context.Context, s retention.Store, cutoff time.Time) (retention.Result, error) {
-			return retention.Preview(ctx, s, cutoff)
-		}, "would delete"
+		res, err = retention.Preview(ctx, r, cutoff)
+		words = "would delete"
+	} else {
+		res, err = retention.Expire(ctx, w, cutoff)
 	}
-	res, err := expire(ctx, s, time.Now().Add(-age))
 	for _, id := range res.Deleted {
 		o.done(id, dryRun)
 	}

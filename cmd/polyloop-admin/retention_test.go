@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
@@ -185,4 +188,73 @@ func TestJSONSaysPerRunWhatWasDone(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d\nstdout: %s\nwant:   %s\nstderr: %q", c.args, code, c.code, gotJSON, wantJSON, errOut)
 		}
 	}
+}
+
+// TestDryRunOpensTheStoreReadOnly: a dry run reads, so it opens the store
+// for reading only. An empty PostgreSQL schema is not migrated by it (no
+// table is created; the dry run says there is no store there), and a
+// bbolt file of an older format (one without the queue bucket, which a
+// read-write open adds) is byte for byte what it was after delete and gc
+// --dry-run, which still say what they would delete.
+func TestDryRunOpensTheStoreReadOnly(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) {
+		url := pgtest.StoreURL(t)
+		schema := url[strings.LastIndex(url, "=")+1:]
+		for _, args := range [][]string{
+			{"gc", "--dry-run", "--finished-before", "1h", url},
+			{"delete", "--dry-run", url, "r"},
+		} {
+			code, out, errOut := adminOut(args...)
+			if code != exitProblem || out != "" || !strings.Contains(errOut, "holds no PolyLoop store") {
+				t.Errorf("%q on an empty schema: exit %d\nstdout: %q\nstderr: %q", args[:len(args)-1], code, out, errOut)
+			}
+		}
+		conn, err := pgx.Connect(context.Background(), pgtest.DSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		var tables int
+		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1`, schema).Scan(&tables); err != nil {
+			t.Fatal(err)
+		}
+		if tables != 0 {
+			t.Fatalf("a dry run created %d tables in schema %s", tables, schema)
+		}
+	})
+	t.Run("old kv format", func(t *testing.T) {
+		path := fileStore(t, 2)
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("queue")) }); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		before, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"delete", "--dry-run", path, "f-0"}, "would delete f-0\n"},
+			{[]string{"gc", "--dry-run", "--finished-before", "5ms", path}, "would delete f-0\nwould delete f-1\nwould delete 2 finished runs older than 5ms\n"},
+		} {
+			code, out, errOut := adminOut(c.args...)
+			if code != exitOK || out != c.want || errOut != "" {
+				t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\nwant stdout %q", c.args, code, out, errOut, c.want)
+			}
+		}
+		after, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatal("a dry run changed a file of the older format (it was opened read-write)")
+		}
+	})
 }
