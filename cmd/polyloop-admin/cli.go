@@ -209,7 +209,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// Opening creates a missing file: a mistyped path would be
 		// "cleaned" as an empty store.
 		if _, err := os.Stat(pos[0]); err != nil {
-			fmt.Fprintf(stderr, "polyloop-admin: no store at %s: %v\n", stores.Describe(pos[0]), err)
+			fmt.Fprintf(stderr, "polyloop-admin: %v\n", stores.Explain(pos[0], err))
 			return exitProblem
 		}
 	}
@@ -272,13 +272,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitProblem
 	}
 	res, err := kv.Compact(pos[0], kv.Options{LockTimeout: 2 * time.Second})
-	if errors.Is(err, kv.ErrLocked) {
-		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", err, heldAdvice)
-		return exitProblem
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-		return exitProblem
+		return openFailed(pos[0], err, stderr)
 	}
 	fmt.Fprintf(stdout, "compacted %s: %d bytes -> %d bytes\n", pos[0], res.Before, res.After)
 	return exitOK
@@ -292,15 +287,21 @@ const heldAdvice = "stop the process that writes it first: a bbolt file is chang
 // itself (then the store is nil and the exit status says the problem).
 func open(ctx context.Context, target string, readOnly bool, stderr io.Writer) (stores.Store, int) {
 	s, err := stores.Open(ctx, target, stores.Options{ReadOnly: readOnly, LockTimeout: 2 * time.Second})
-	switch {
-	case errors.Is(err, kv.ErrLocked):
-		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", err, heldAdvice)
-		return nil, exitProblem
-	case err != nil:
-		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-		return nil, exitProblem
+	if err != nil {
+		return nil, openFailed(target, err, stderr)
 	}
 	return s, exitOK
+}
+
+// openFailed says why target could not be opened (stores.Explain), with
+// what to do about a file another process holds, and returns exitProblem.
+func openFailed(target string, err error, stderr io.Writer) int {
+	if errors.Is(err, kv.ErrLocked) {
+		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", stores.Explain(target, err), heldAdvice)
+		return exitProblem
+	}
+	fmt.Fprintf(stderr, "polyloop-admin: %v\n", stores.Explain(target, err))
+	return exitProblem
 }
 
 // withStore opens target and runs f on it: read-write for f to delete

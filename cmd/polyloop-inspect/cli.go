@@ -273,15 +273,15 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 
 // openStore opens a store file or a PostgreSQL connection string
 // read-only, waiting a bounded time for a bbolt file's writer. It reports a
-// failure itself, naming the store as stores.Describe does.
+// failure itself, in the words of stores.Explain.
 func (c *call) openStore(target string) (stores.Store, bool) {
 	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true, LockTimeout: lockWait})
 	switch {
 	case errors.Is(err, kv.ErrLocked):
-		c.fail("%s is held for writing: %v; stop the writer or retry", c.store(), escape(err.Error()))
+		c.fail("%s; stop the writer or retry", escape(stores.Explain(target, err).Error()))
 		return nil, false
 	case err != nil:
-		c.fail("%s", escape(err.Error()))
+		c.fail("%s", escape(stores.Explain(target, err).Error()))
 		return nil, false
 	}
 	return s, true
