@@ -183,9 +183,8 @@ func gc(ctx context.Context, r seams.RunReader, w retention.Store, o *outcomes, 
 		fmt.Fprintln(o.stdout)
 	}
 	for _, id := range res.Busy {
-		if o.json != nil {
-			o.json.Encode(outcome{Run: id, Action: actionSkipped, Reason: "held by a driver; left for the next pass"})
-		}
+		reason := "held by a driver; left for the next pass"
+		o.skipped(id, reason, fmt.Sprintf("run %q is %s", report.Clip(id, 80), reason))
 	}
 	for _, id := range res.Damaged {
 		o.skipped(id, "damaged (polyloop-inspect verify says how)",

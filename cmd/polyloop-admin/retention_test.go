@@ -258,3 +258,32 @@ func TestDryRunOpensTheStoreReadOnly(t *testing.T) {
 		}
 	})
 }
+
+// TestGCNamesEachHeldRunItLeavesAlone: gc without --json names on stderr
+// each run it leaves alone because a driver holds it, and why, as the
+// help promises, besides counting them; --json says it as an object.
+func TestGCNamesEachHeldRunItLeavesAlone(t *testing.T) {
+	url := pgtest.StoreURL(t)
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{Owner: "worker-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fill(t, s, 1)
+	release, err := s.LockRun("f-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	time.Sleep(10 * time.Millisecond)
+	code, out, errOut := adminOut("gc", "--finished-before", "5ms", url)
+	wantOut := "deleted 0 finished runs older than 5ms; 1 held by a driver, left for the next pass\n"
+	wantErr := `polyloop-admin: gc: run "f-0" is held by a driver; left for the next pass` + "\n"
+	if code != exitOK || out != wantOut || errOut != wantErr {
+		t.Errorf("exit %d\nstdout: %q\nstderr: %q\nwant stdout %q\n     stderr %q", code, out, errOut, wantOut, wantErr)
+	}
+	code, out, errOut = adminOut("gc", "--json", "--finished-before", "5ms", url)
+	if want := `{"run_id":"f-0","action":"skipped","reason":"held by a driver; left for the next pass"}` + "\n"; code != exitOK || out != want || errOut != "" {
+		t.Errorf("--json: exit %d\nstdout: %q\nstderr: %q\nwant stdout %q", code, out, errOut, want)
+	}
+}
