@@ -109,8 +109,8 @@ driver, not finished, damaged); gc then counts them. --dry-run says the
 same of what they would delete ("would delete RUN"), from the store's
 listing, opened read-only as polyloop-inspect opens it, and writes
 nothing. --json prints one object per run instead:
-{"run_id", "action": deleted, would_delete or skipped, "reason" when
-skipped}. Exit status: 0 done, 1 a problem (a run refused — finished,
+{"run_id", "action": deleted, would_delete, skipped or error (the store
+failed), "reason" when skipped or error}. Exit status: 0 done, 1 a problem (a run refused — finished,
 unknown, held, not an agent's — or damaged; a decision refused — no such
 call, a call that awaits no such decision or is decided already, edited
 arguments the tool's schema refuses, a run driven meanwhile; the store

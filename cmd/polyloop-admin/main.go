@@ -31,7 +31,8 @@
 // STORE RUN names it). delete and gc name each run they delete and each
 // they leave alone, and why; --dry-run says what they would delete,
 // opening the store read-only (retention.Check, retention.Preview); --json prints one
-// object per run (run_id, action, reason). Exit status: 0 done, 1 a problem (a run or a
+// object per run (run_id, action, reason), a run the store failed to
+// delete included (action "error"). Exit status: 0 done, 1 a problem (a run or a
 // decision refused, the store unreadable or without what the command
 // needs), 2 bad usage.
 package main

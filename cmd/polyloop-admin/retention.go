@@ -17,7 +17,7 @@ import (
 // --json.
 type outcome struct {
 	Run    string `json:"run_id"`
-	Action string `json:"action"` // deleted, would_delete or skipped
+	Action string `json:"action"` // deleted, would_delete, skipped or error
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -26,6 +26,7 @@ const (
 	actionDeleted     = "deleted"
 	actionWouldDelete = "would_delete"
 	actionSkipped     = "skipped"
+	actionError       = "error" // the store failed (no refusal); the reason is its error
 )
 
 // outcomes prints what delete and gc did to each run: a line to stdout
@@ -68,6 +69,17 @@ func (o *outcomes) skipped(id, reason, sentence string) {
 		return
 	}
 	fmt.Fprintf(o.stderr, "polyloop-admin: %s: %s\n", o.verb, sentence)
+}
+
+// failed says a run's deletion failed with err, an error that is no
+// refusal (a disk, a connection): with --json, an object whose action is
+// "error" and whose reason is err.
+func (o *outcomes) failed(id string, err error) {
+	if o.json != nil {
+		o.json.Encode(outcome{Run: id, Action: actionError, Reason: err.Error()})
+		return
+	}
+	fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
 }
 
 // refused says a DeleteRun refusal err (or retention.Check's) of run id
@@ -149,7 +161,7 @@ func deleteRuns(ctx context.Context, r seams.RunReader, w retention.Store, o *ou
 			o.done(id, dryRun)
 			continue
 		case !o.refused(ctx, r, id, err):
-			fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
+			o.failed(id, err)
 		}
 		code = exitProblem
 	}

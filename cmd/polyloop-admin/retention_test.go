@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
+	"github.com/polyloop/polyloop/retention"
 )
 
 // adminOut runs the command and returns its exit status, stdout and
@@ -285,5 +287,38 @@ func TestGCNamesEachHeldRunItLeavesAlone(t *testing.T) {
 	code, out, errOut = adminOut("gc", "--json", "--finished-before", "5ms", url)
 	if want := `{"run_id":"f-0","action":"skipped","reason":"held by a driver; left for the next pass"}` + "\n"; code != exitOK || out != want || errOut != "" {
 		t.Errorf("--json: exit %d\nstdout: %q\nstderr: %q\nwant stdout %q", code, out, errOut, want)
+	}
+}
+
+// failingDeleter is a store whose DeleteRun fails with an error that is
+// no refusal (a disk or a connection that fails).
+type failingDeleter struct{ retention.Store }
+
+var errDiskFailed = errors.New("write /var/lib/runs.db: input/output error")
+
+func (failingDeleter) DeleteRun(context.Context, string, bool) error { return errDiskFailed }
+
+// TestJSONSaysAFailedDeleteAsAnObject: with --json, a run whose deletion
+// fails for a reason that is no refusal still gets its object on stdout —
+// action "error" and the error — and nothing goes to stderr; without
+// --json the error is said on stderr. Either way the exit status is 1.
+func TestJSONSaysAFailedDeleteAsAnObject(t *testing.T) {
+	s, err := kv.Open(fileStore(t, 1), kv.Options{NoSync: true, NoServe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w := failingDeleter{s}
+	var out, errOut strings.Builder
+	code := deleteRuns(context.Background(), s, w, newOutcomes("delete", "s.db", true, &out, &errOut), []string{"f-0"}, false)
+	want := `{"run_id":"f-0","action":"error","reason":"write /var/lib/runs.db: input/output error"}` + "\n"
+	if code != exitProblem || out.String() != want || errOut.String() != "" {
+		t.Errorf("--json: exit %d\nstdout: %q\nstderr: %q\nwant stdout %q", code, out.String(), errOut.String(), want)
+	}
+	out.Reset()
+	errOut.Reset()
+	code = deleteRuns(context.Background(), s, w, newOutcomes("delete", "s.db", false, &out, &errOut), []string{"f-0"}, false)
+	if want := "polyloop-admin: write /var/lib/runs.db: input/output error\n"; code != exitProblem || out.String() != "" || errOut.String() != want {
+		t.Errorf("text: exit %d\nstdout: %q\nstderr: %q\nwant stderr %q", code, out.String(), errOut.String(), want)
 	}
 }
