@@ -21,6 +21,7 @@
 //	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
 //	polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
 //	                                                      fork a polyloop-demo run at STEP onto NEWID (engine.Fork), its model replying TEXT from STEP on
+//	polyloop-admin --version                              the module version and VCS revision it was built from
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string). cancel and resume need a store that keeps

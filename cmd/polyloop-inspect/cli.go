@@ -44,6 +44,7 @@ Usage:
   polyloop-inspect verify [--json] STORE [RUN]            recovery's verdict for one or all runs
   polyloop-inspect export [--run RUN]... STORE            the steps of many runs as one JSON Lines table
   polyloop-inspect serve [--addr ADDR] STORE              the run viewer in a browser (read-only)
+  polyloop-inspect --version                              the module version and VCS revision it was built from
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
 A forked run (engine.Fork: a new run from another's first K steps, under
