@@ -127,7 +127,10 @@ func postgresWords(store string, err error) string {
 	var de *net.DNSError
 	switch {
 	case errors.As(err, &de):
-		reason = de.Err + ": " + de.Name
+		reason = de.Err
+		if !strings.Contains(store, de.Name) {
+			reason += ": " + de.Name
+		}
 	case errors.Is(err, context.DeadlineExceeded), pgconn.Timeout(err):
 		reason = "no answer from the server"
 		if ce.Config != nil && ce.Config.ConnectTimeout > 0 {
