@@ -46,7 +46,8 @@ soak:
 	POLYLOOP_SOAK=1 $(GO) test -race -count=1 -timeout 60m -skip '^TestDamageCorpus$$' -run '$(SOAK_RUN)' ./proptest ./engine ./kv ./events
 	$(MAKE) damage
 
-# Property tests with a hundred times CI's generated cases.
+# Property tests with 100,000 generated runs each: 100× make soak's 1,000,
+# 1,000× make test's (and make ci's) 100.
 prop:
 	$(GO) test -count=1 -run 'Property' ./proptest -rapid.checks=100000 -v
 

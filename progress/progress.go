@@ -23,6 +23,7 @@ import (
 
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/recovery"
+	"github.com/polyloop/polyloop/report"
 )
 
 // Printer is an seams.EventSink writing a line per completed step to its
@@ -105,13 +106,12 @@ func Line(runID string, s events.StepRecord, reply *events.ModelReply) string {
 	return fmt.Sprintf("%s step %d: %s -> %s, %s tokens", quote(runID), s.StepIdx, action, status, tokens)
 }
 
-// quote is s shortened to 60 runes, as it is when every rune of it is
-// printable (strconv.IsPrint), Go-quoted otherwise: control and format
-// characters escaped, so text a model wrote cannot drive a terminal.
+// quote is s shortened to 60 runes (report.Clip), as it is when every
+// rune of it is printable (strconv.IsPrint), Go-quoted otherwise: control
+// and format characters escaped, so text a model wrote cannot drive a
+// terminal.
 func quote(s string) string {
-	if r := []rune(s); len(r) > 60 {
-		s = string(r[:59]) + "…"
-	}
+	s = report.Clip(s, 60)
 	for _, r := range s {
 		if !strconv.IsPrint(r) {
 			return strconv.Quote(s)

@@ -80,3 +80,25 @@ func TestALinePerStepAsItBecomesDurable(t *testing.T) {
 		t.Fatalf("lines written before each model call: %s, want [0 1 2 3] (each step's line before the next step)", got)
 	}
 }
+
+// TestLongTextIsShortenedTo60Runes: an action, tool arguments or a parse
+// error longer than 60 runes is cut to 59 and "…", counting runes, not
+// bytes; one of 60 is printed whole.
+func TestLongTextIsShortenedTo60Runes(t *testing.T) {
+	long := strings.Repeat("é", 70)
+	whole := strings.Repeat("x", 60)
+	status := events.StatusExecuted
+	for _, c := range []struct {
+		action string
+		want   string
+	}{
+		{long, "r step 0: action " + strings.Repeat("é", 59) + "… -> executed, - tokens"},
+		{whole, "r step 0: action " + whole + " -> executed, - tokens"},
+	} {
+		action := c.action
+		got := progress.Line("r", events.StepRecord{Action: &action, ActionStatus: &status}, nil)
+		if got != c.want {
+			t.Errorf("Line of a %d-rune action\n = %q\nwant %q", len([]rune(c.action)), got, c.want)
+		}
+	}
+}

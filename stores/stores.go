@@ -5,7 +5,8 @@
 // place that choice is made, so polyloop-demo, polyloop-inspect,
 // polyloop-admin and the examples accept every form without repeating it,
 // and the one place a store's location is made fit to print: Describe
-// masks every password, and Open's errors hold none.
+// masks every password, Open's errors hold none, and Explain words them
+// for a person, naming the store once.
 //
 // What does not live here: the stores themselves and their rules.
 package stores

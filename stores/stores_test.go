@@ -15,7 +15,12 @@ import (
 	"github.com/polyloop/polyloop/stores"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	if path := os.Getenv(holdEnv); path != "" {
+		hold(path)
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // TestOpenChoosesTheStoreByTarget: a path opens the bbolt store, a
 // postgres:// URL the PostgreSQL one; ReadOnly reaches both.

@@ -15,6 +15,7 @@ import (
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/retention"
+	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/stores"
 )
 
@@ -106,9 +107,10 @@ names them. delete and gc name each run they delete ("deleted RUN"), and
 each they leave alone on stderr with why (not in the store, held by a
 driver, not finished, damaged); gc then counts them. --dry-run says the
 same of what they would delete ("would delete RUN"), from the store's
-listing, and writes nothing. --json prints one object per run instead:
-{"run_id", "action": deleted, would_delete or skipped, "reason" when
-skipped}. Exit status: 0 done, 1 a problem (a run refused — finished,
+listing, opened read-only as polyloop-inspect opens it, and writes
+nothing. --json prints one object per run instead:
+{"run_id", "action": deleted, would_delete, skipped or error (the store
+failed), "reason" when skipped or error}. Exit status: 0 done, 1 a problem (a run refused — finished,
 unknown, held, not an agent's — or damaged; a decision refused — no such
 call, a call that awaits no such decision or is decided already, edited
 arguments the tool's schema refuses, a run driven meanwhile; the store
@@ -207,28 +209,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// Opening creates a missing file: a mistyped path would be
 		// "cleaned" as an empty store.
 		if _, err := os.Stat(pos[0]); err != nil {
-			fmt.Fprintf(stderr, "polyloop-admin: no store at %s: %v\n", stores.Describe(pos[0]), err)
+			fmt.Fprintf(stderr, "polyloop-admin: %v\n", stores.Explain(pos[0], err))
 			return exitProblem
 		}
 	}
 	ctx := context.Background()
 	switch args[0] {
 	case "approve", "reject", "resolve":
-		s, code := open(ctx, pos[0], stderr)
+		s, code := open(ctx, pos[0], false, stderr)
 		if s == nil {
 			return code
 		}
 		defer s.Close()
 		return decide(ctx, s, stores.Describe(pos[0]), args[0], d, stdout, stderr)
 	case "fork":
-		s, code := open(ctx, pos[0], stderr)
+		s, code := open(ctx, pos[0], false, stderr)
 		if s == nil {
 			return code
 		}
 		defer s.Close()
 		return forkRun(ctx, s, stores.Describe(pos[0]), pos[1], step, pos[3], replies, stdout, stderr)
 	case "serve":
-		s, code := open(ctx, pos[0], stderr)
+		s, code := open(ctx, pos[0], false, stderr)
 		if s == nil {
 			return code
 		}
@@ -238,7 +240,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if args[0] == "cancel" && *by == "" {
 			*by = operator()
 		}
-		s, code := open(ctx, pos[0], stderr)
+		s, code := open(ctx, pos[0], false, stderr)
 		if s == nil {
 			return code
 		}
@@ -251,15 +253,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if len(pos) < 2 {
 			return bad("want STORE and at least one RUN")
 		}
-		return withStore(ctx, pos[0], stderr, func(s retention.Store) int {
-			return deleteRuns(ctx, s, newOutcomes("delete", stores.Describe(pos[0]), *asJSON, stdout, stderr), pos[1:], *force, *dryRun)
+		return withStore(ctx, pos[0], *dryRun, stderr, func(r seams.RunReader, w retention.Store) int {
+			return deleteRuns(ctx, r, w, newOutcomes("delete", stores.Describe(pos[0]), *asJSON, stdout, stderr), pos[1:], *force)
 		})
 	case "gc":
 		if len(pos) != 1 || *before <= 0 {
 			return bad("want --finished-before DURATION (e.g. 720h) and one STORE")
 		}
-		return withStore(ctx, pos[0], stderr, func(s retention.Store) int {
-			return gc(ctx, s, newOutcomes("gc", stores.Describe(pos[0]), *asJSON, stdout, stderr), *before, *dryRun)
+		return withStore(ctx, pos[0], *dryRun, stderr, func(r seams.RunReader, w retention.Store) int {
+			return gc(ctx, r, w, newOutcomes("gc", stores.Describe(pos[0]), *asJSON, stdout, stderr), *before)
 		})
 	}
 	if len(pos) != 1 {
@@ -270,13 +272,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitProblem
 	}
 	res, err := kv.Compact(pos[0], kv.Options{LockTimeout: 2 * time.Second})
-	if errors.Is(err, kv.ErrLocked) {
-		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", err, heldAdvice)
-		return exitProblem
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-		return exitProblem
+		return openFailed(pos[0], err, stderr)
 	}
 	fmt.Fprintf(stdout, "compacted %s: %d bytes -> %d bytes\n", pos[0], res.Before, res.After)
 	return exitOK
@@ -286,32 +283,45 @@ func run(args []string, stdout, stderr io.Writer) int {
 // another process holds.
 const heldAdvice = "stop the process that writes it first: a bbolt file is changed by that process (engine.Cancel, engine.Decide, engine.Resolve, worker.Pool.Resume, retention.Expire, kv.Store.DeleteRun) or while none does (polyloop-inspect reads it meanwhile)"
 
-// open opens target read-write, reporting a failure itself (then the
-// store is nil and the exit status says the problem).
-func open(ctx context.Context, target string, stderr io.Writer) (stores.Store, int) {
-	s, err := stores.Open(ctx, target, stores.Options{LockTimeout: 2 * time.Second})
-	switch {
-	case errors.Is(err, kv.ErrLocked):
-		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", err, heldAdvice)
-		return nil, exitProblem
-	case err != nil:
-		fmt.Fprintf(stderr, "polyloop-admin: %v\n", err)
-		return nil, exitProblem
+// open opens target read-write, or for reading only, reporting a failure
+// itself (then the store is nil and the exit status says the problem).
+func open(ctx context.Context, target string, readOnly bool, stderr io.Writer) (stores.Store, int) {
+	s, err := stores.Open(ctx, target, stores.Options{ReadOnly: readOnly, LockTimeout: 2 * time.Second})
+	if err != nil {
+		return nil, openFailed(target, err, stderr)
 	}
 	return s, exitOK
 }
 
-// withStore opens target read-write and runs f on it.
-func withStore(ctx context.Context, target string, stderr io.Writer, f func(retention.Store) int) int {
-	s, code := open(ctx, target, stderr)
+// openFailed says why target could not be opened (stores.Explain), with
+// what to do about a file another process holds, and returns exitProblem.
+func openFailed(target string, err error, stderr io.Writer) int {
+	if errors.Is(err, kv.ErrLocked) {
+		fmt.Fprintf(stderr, "polyloop-admin: %v; %s\n", stores.Explain(target, err), heldAdvice)
+		return exitProblem
+	}
+	fmt.Fprintf(stderr, "polyloop-admin: %v\n", stores.Explain(target, err))
+	return exitProblem
+}
+
+// withStore opens target and runs f on it: read-write for f to delete
+// with w, or for a dry run read-only, w nil — a dry run reads the store's
+// listing (retention.Check, retention.Preview) and must not change it
+// (a read-write open migrates an empty PostgreSQL schema and upgrades a
+// bbolt file of an older format).
+func withStore(ctx context.Context, target string, dryRun bool, stderr io.Writer, f func(r seams.RunReader, w retention.Store) int) int {
+	s, code := open(ctx, target, dryRun, stderr)
 	if s == nil {
 		return code
 	}
 	defer s.Close()
+	if dryRun {
+		return f(s, nil)
+	}
 	rs, ok := s.(retention.Store)
 	if !ok {
 		fmt.Fprintf(stderr, "polyloop-admin: %s cannot delete runs\n", stores.Describe(target))
 		return exitProblem
 	}
-	return f(rs)
+	return f(rs, rs)
 }

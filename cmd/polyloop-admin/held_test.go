@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,6 +28,41 @@ func TestAWriteToAHeldFileSaysStopTheWriter(t *testing.T) {
 		code := run(args, &out, &errOut)
 		if code != exitProblem || !strings.Contains(errOut.String(), "stop the process that writes it first") {
 			t.Errorf("%s: exit %d\n%s", strings.Join(args, " "), code, errOut.String())
+		}
+	}
+}
+
+// TestAStoreThatCannotBeOpenedIsOneSentence: a server that refuses, a
+// missing file, a file that is no store and a file another writer holds
+// are each said once, naming the store once, without package prefixes.
+func TestAStoreThatCannotBeOpenedIsOneSentence(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none", "x.db")
+	text := filepath.Join(dir, "passwd")
+	if err := os.WriteFile(text, []byte(strings.Repeat("root:x:0:0:root:/root:/bin/bash\n", 200)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held := filepath.Join(dir, "held.db")
+	s, err := kv.Open(held, kv.Options{NoServe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"delete", "postgres://u:pw@127.0.0.1:1/db", "r"}, "polyloop-admin: cannot connect to postgres://u:xxxxx@127.0.0.1:1/db: connection refused\n"},
+		{[]string{"gc", "--dry-run", "--finished-before", "1h", "host=127.0.0.1 port=1 user=u password=pw dbname=db"},
+			"polyloop-admin: cannot connect to host=127.0.0.1 port=1 user=u password=xxxxx dbname=db: connection refused\n"},
+		{[]string{"delete", missing, "r"}, "polyloop-admin: no store at " + missing + ": no such file or directory\n"},
+		{[]string{"delete", text, "r"}, "polyloop-admin: " + text + " is not a PolyLoop store: not a bbolt file (no valid meta page)\n"},
+		{[]string{"delete", held, "r"}, "polyloop-admin: " + held + " is held by this process (close that kv.Store first); " + heldAdvice + "\n"},
+		{[]string{"compact", held}, "polyloop-admin: " + held + " is held by this process (close that kv.Store first); " + heldAdvice + "\n"},
+	} {
+		code, out, errOut := adminOut(c.args...)
+		if code != exitProblem || out != "" || errOut != c.want {
+			t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\n  want: %q", c.args, code, out, errOut, c.want)
 		}
 	}
 }

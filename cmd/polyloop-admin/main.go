@@ -21,6 +21,7 @@
 //	polyloop-admin compact STORE                          rewrite a bbolt file without its free pages, in the current format
 //	polyloop-admin fork [--reply TEXT]... STORE SOURCE STEP NEWID
 //	                                                      fork a polyloop-demo run at STEP onto NEWID (engine.Fork), its model replying TEXT from STEP on
+//	polyloop-admin --version                              the module version and VCS revision it was built from
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string). cancel and resume need a store that keeps
@@ -30,8 +31,9 @@
 // and loopback addresses unless --hosts names others. CALL is the id of the call that waits (polyloop-inspect verify
 // STORE RUN names it). delete and gc name each run they delete and each
 // they leave alone, and why; --dry-run says what they would delete,
-// writing nothing (retention.Check, retention.Preview); --json prints one
-// object per run (run_id, action, reason). Exit status: 0 done, 1 a problem (a run or a
+// opening the store read-only (retention.Check, retention.Preview); --json prints one
+// object per run (run_id, action, reason), a run the store failed to
+// delete included (action "error"). Exit status: 0 done, 1 a problem (a run or a
 // decision refused, the store unreadable or without what the command
 // needs), 2 bad usage.
 package main

@@ -17,7 +17,7 @@ import (
 // --json.
 type outcome struct {
 	Run    string `json:"run_id"`
-	Action string `json:"action"` // deleted, would_delete or skipped
+	Action string `json:"action"` // deleted, would_delete, skipped or error
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -26,6 +26,7 @@ const (
 	actionDeleted     = "deleted"
 	actionWouldDelete = "would_delete"
 	actionSkipped     = "skipped"
+	actionError       = "error" // the store failed (no refusal); the reason is its error
 )
 
 // outcomes prints what delete and gc did to each run: a line to stdout
@@ -68,6 +69,17 @@ func (o *outcomes) skipped(id, reason, sentence string) {
 		return
 	}
 	fmt.Fprintf(o.stderr, "polyloop-admin: %s: %s\n", o.verb, sentence)
+}
+
+// failed says a run's deletion failed with err, an error that is no
+// refusal (a disk, a connection): with --json, an object whose action is
+// "error" and whose reason is err.
+func (o *outcomes) failed(id string, err error) {
+	if o.json != nil {
+		o.json.Encode(outcome{Run: id, Action: actionError, Reason: err.Error()})
+		return
+	}
+	fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
 }
 
 // refused says a DeleteRun refusal err (or retention.Check's) of run id
@@ -132,43 +144,46 @@ func damage(err error) string {
 	return ""
 }
 
-// deleteRuns deletes the runs ids of s (with force, unfinished ones too),
-// or with dryRun says which it would, deleting nothing. A run refused
-// makes the exit status 1.
-func deleteRuns(ctx context.Context, s retention.Store, o *outcomes, ids []string, force, dryRun bool) int {
-	code := exitOK
+// deleteRuns deletes the runs ids with w (with force, unfinished ones
+// too), or, a dry run with w nil, says which it would from r's listing,
+// deleting nothing. A run refused makes the exit status 1.
+func deleteRuns(ctx context.Context, r seams.RunReader, w retention.Store, o *outcomes, ids []string, force bool) int {
+	code, dryRun := exitOK, w == nil
 	for _, id := range ids {
 		var err error
 		if dryRun {
-			err = retention.Check(ctx, s, id, force)
+			err = retention.Check(ctx, r, id, force)
 		} else {
-			err = s.DeleteRun(ctx, id, force)
+			err = w.DeleteRun(ctx, id, force)
 		}
 		switch {
 		case err == nil:
 			o.done(id, dryRun)
 			continue
-		case !o.refused(ctx, s, id, err):
-			fmt.Fprintf(o.stderr, "polyloop-admin: %v\n", err)
+		case !o.refused(ctx, r, id, err):
+			o.failed(id, err)
 		}
 		code = exitProblem
 	}
 	return code
 }
 
-// gc deletes the finished runs of s whose last event is older than age
-// (retention.Expire), or with dryRun says which it would
-// (retention.Preview), naming each run, then the count. A damaged run, or
-// a failure, makes the exit status 1; a run held by a driver is left for
-// the next pass.
-func gc(ctx context.Context, s retention.Store, o *outcomes, age time.Duration, dryRun bool) int {
-	expire, words := retention.Expire, "deleted"
+// gc deletes with w the finished runs whose last event is older than age
+// (retention.Expire), or, a dry run with w nil, says which it would from
+// r's listing (retention.Preview), naming each run, then the count. A
+// damaged run, or a failure, makes the exit status 1; a run held by a
+// driver is left for the next pass.
+func gc(ctx context.Context, r seams.RunReader, w retention.Store, o *outcomes, age time.Duration) int {
+	dryRun, cutoff := w == nil, time.Now().Add(-age)
+	var res retention.Result
+	var err error
+	words := "deleted"
 	if dryRun {
-		expire, words = func(ctx context.Context, s retention.Store, cutoff time.Time) (retention.Result, error) {
-			return retention.Preview(ctx, s, cutoff)
-		}, "would delete"
+		res, err = retention.Preview(ctx, r, cutoff)
+		words = "would delete"
+	} else {
+		res, err = retention.Expire(ctx, w, cutoff)
 	}
-	res, err := expire(ctx, s, time.Now().Add(-age))
 	for _, id := range res.Deleted {
 		o.done(id, dryRun)
 	}
@@ -180,9 +195,8 @@ func gc(ctx context.Context, s retention.Store, o *outcomes, age time.Duration, 
 		fmt.Fprintln(o.stdout)
 	}
 	for _, id := range res.Busy {
-		if o.json != nil {
-			o.json.Encode(outcome{Run: id, Action: actionSkipped, Reason: "held by a driver; left for the next pass"})
-		}
+		reason := "held by a driver; left for the next pass"
+		o.skipped(id, reason, fmt.Sprintf("run %q is %s", report.Clip(id, 80), reason))
 	}
 	for _, id := range res.Damaged {
 		o.skipped(id, "damaged (polyloop-inspect verify says how)",

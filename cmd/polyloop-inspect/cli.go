@@ -44,6 +44,7 @@ Usage:
   polyloop-inspect verify [--json] STORE [RUN]            recovery's verdict for one or all runs
   polyloop-inspect export [--run RUN]... STORE            the steps of many runs as one JSON Lines table
   polyloop-inspect serve [--addr ADDR] STORE              the run viewer in a browser (read-only)
+  polyloop-inspect --version                              the module version and VCS revision it was built from
 
 Run "polyloop-inspect COMMAND --help" for a command's details.
 A forked run (engine.Fork: a new run from another's first K steps, under
@@ -273,15 +274,15 @@ func (cmd command) invoke(args []string, stdout, stderr io.Writer) int {
 
 // openStore opens a store file or a PostgreSQL connection string
 // read-only, waiting a bounded time for a bbolt file's writer. It reports a
-// failure itself, naming the store as stores.Describe does.
+// failure itself, in the words of stores.Explain.
 func (c *call) openStore(target string) (stores.Store, bool) {
 	s, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true, LockTimeout: lockWait})
 	switch {
 	case errors.Is(err, kv.ErrLocked):
-		c.fail("%s is held for writing: %v; stop the writer or retry", c.store(), escape(err.Error()))
+		c.fail("%s; stop the writer or retry", escape(stores.Explain(target, err).Error()))
 		return nil, false
 	case err != nil:
-		c.fail("%s", escape(err.Error()))
+		c.fail("%s", escape(stores.Explain(target, err).Error()))
 		return nil, false
 	}
 	return s, true

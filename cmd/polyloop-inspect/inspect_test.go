@@ -462,3 +462,41 @@ func TestExportIsOneTable(t *testing.T) {
 		t.Fatalf("steps per run %v, want %v", perRun, want)
 	}
 }
+
+// TestAStoreThatCannotBeOpenedIsOneSentence: a server that refuses, a
+// missing file, a file that is no store and a file a writer holds without
+// answering readers are each said once, naming the store once, without
+// package prefixes.
+func TestAStoreThatCannotBeOpenedIsOneSentence(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none", "x.db")
+	text := filepath.Join(dir, "passwd")
+	if err := os.WriteFile(text, []byte(strings.Repeat("root:x:0:0:root:/root:/bin/bash\n", 200)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held := filepath.Join(dir, "held.db")
+	s, err := kv.Open(held, kv.Options{NoServe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old := lockWait
+	lockWait = 50 * time.Millisecond
+	defer func() { lockWait = old }()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"runs", "postgres://u:pw@127.0.0.1:1/db"}, "polyloop-inspect: cannot connect to postgres://u:xxxxx@127.0.0.1:1/db: connection refused\n"},
+		{[]string{"runs", missing}, "polyloop-inspect: no store at " + missing + ": no such file or directory\n"},
+		{[]string{"verify", text}, "polyloop-inspect: " + text + " is not a PolyLoop store: not a bbolt file (no valid meta page)\n"},
+		{[]string{"runs", held}, "polyloop-inspect: " + held + " is held for writing by this process (close that kv.Store first), which does not answer readers on its socket" +
+			" (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one); stop the writer or retry\n"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(c.args, &out, &errOut)
+		if code != exitProblem || out.String() != "" || errOut.String() != c.want {
+			t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\n  want: %q", c.args, code, out.String(), errOut.String(), c.want)
+		}
+	}
+}

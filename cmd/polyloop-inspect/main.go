@@ -7,6 +7,7 @@
 //	polyloop-inspect verify [--json] STORE [RUN]            can each run be resumed? what does it wait for?
 //	polyloop-inspect export [--run RUN]... STORE            many runs' steps as JSON Lines
 //	polyloop-inspect serve [--addr ADDR] STORE              the run viewer (read-only)
+//	polyloop-inspect --version                              the module version and VCS revision it was built from
 //
 // STORE is a bbolt file or a PostgreSQL connection string (a postgres://
 // URL or a key=value string), named in messages without its password

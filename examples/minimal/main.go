@@ -23,6 +23,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 { // it takes no arguments: say so rather than run as if understood
+		fmt.Fprintln(os.Stderr, "usage: minimal (no arguments; OPENAI_BASE_URL and OPENAI_MODEL pick a real model)")
+		os.Exit(2)
+	}
 	// Ctrl-C stops the run at its next step boundary, unfinished: run this
 	// again to resume it. (Cancelling ctx would finish it as cancelled.) A
 	// second Ctrl-C kills the program at once.

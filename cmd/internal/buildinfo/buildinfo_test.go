@@ -1,6 +1,7 @@
 package buildinfo
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -42,8 +43,10 @@ func TestLine(t *testing.T) {
 // TestEveryCommandPrintsItsVersion: each command under cmd/, built as a
 // user builds it, prints one line for --version — its name, the module,
 // its version and the VCS revision the go command stamped into it (as
-// `go version -m` reads them back) — and exits 0. (The go command stamps
-// no revision in a git worktree; a clone's binaries carry it.)
+// `go version -m` reads them back) — and exits 0; its package doc, and
+// its --help where it has one (polyloop-benchtable has none), say so.
+// (The go command stamps no revision in a git worktree; a clone's
+// binaries carry it.)
 func TestEveryCommandPrintsItsVersion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the commands")
@@ -57,6 +60,19 @@ func TestEveryCommandPrintsItsVersion(t *testing.T) {
 	}
 	for _, name := range []string{"polyloop-admin", "polyloop-benchtable", "polyloop-demo", "polyloop-inspect"} {
 		bin := filepath.Join(dir, name)
+		src, err := os.ReadFile(filepath.Join("..", "..", name, "main.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if doc, _, _ := strings.Cut(string(src), "\npackage main"); !strings.Contains(doc, "-version") {
+			t.Errorf("%s: its package doc does not mention --version", name)
+		}
+		if name != "polyloop-benchtable" {
+			help, _ := exec.Command(bin, "--help").CombinedOutput()
+			if !strings.Contains(string(help), "-version") {
+				t.Errorf("%s --help does not mention --version:\n%s", name, help)
+			}
+		}
 		out, err := exec.Command(bin, "--version").CombinedOutput()
 		if err != nil {
 			t.Errorf("%s --version: %v\n%s", name, err, out)
