@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/testbuild"
 	"github.com/polyloop/polyloop/kv"
 	"github.com/polyloop/polyloop/projections"
 )
@@ -46,12 +47,9 @@ func binaries(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "refund-bin-"); buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator),
+		buildErr = testbuild.Build(binDir, nil,
 			"github.com/polyloop/polyloop/examples/refund", "github.com/polyloop/polyloop/cmd/polyloop-admin",
 			"github.com/polyloop/polyloop/cmd/polyloop-inspect")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/polyloop/polyloop/internal/testbuild"
 )
 
 // TestLine: each part of the build info in its place, and nothing of VCS
@@ -54,9 +56,8 @@ func TestEveryCommandPrintsItsVersion(t *testing.T) {
 	dir := t.TempDir()
 	// -buildvcs=auto: what go build does by default, whatever GOFLAGS
 	// this machine sets.
-	build := exec.Command("go", "build", "-buildvcs=auto", "-o", dir+"/", "../../...")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := testbuild.Build(dir, []string{"-buildvcs=auto"}, "../../..."); err != nil {
+		t.Fatal(err)
 	}
 	for _, name := range []string{"polyloop-admin", "polyloop-benchtable", "polyloop-demo", "polyloop-inspect"} {
 		bin := filepath.Join(dir, name)

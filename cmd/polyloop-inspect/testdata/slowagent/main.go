@@ -3,7 +3,8 @@
 // run's events one at a time, a delay apart, saying on standard output
 // "opened" and then "appended N" after each durable append, holding the
 // run (LockRun) as the engine does while it drives one; with -hold N
-// it stops after N events and waits to be killed.
+// it stops after N events and waits to be killed, or with -gate FILE
+// until FILE exists, then goes on.
 package main
 
 import (
@@ -24,6 +25,7 @@ func main() {
 	runID := flag.String("run", "live", "run id")
 	delay := flag.Duration("delay", 100*time.Millisecond, "wait before each append")
 	hold := flag.Int("hold", -1, "stop after this many events and wait to be killed")
+	gate := flag.String("gate", "", "with -hold: go on once this file exists")
 	flag.Parse()
 	s, err := kv.Open(*path, kv.Options{LockTimeout: 5 * time.Second})
 	if err != nil {
@@ -41,7 +43,12 @@ func main() {
 	var tail ulid.ULID
 	for i, ev := range proptest.SoundStream(*runID) {
 		if i == *hold {
-			select {}
+			for *gate == "" {
+				select {}
+			}
+			for _, err := os.Stat(*gate); err != nil; _, err = os.Stat(*gate) {
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 		time.Sleep(*delay)
 		envs, err := s.Append(context.Background(), *runID, tail, ev)
