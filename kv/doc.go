@@ -138,7 +138,13 @@
 // the reads of a read-only Store — Runs, Describe, Load, LoadAfter, Scan —
 // to processes of its own user: the socket's mode is 0600, and on Linux
 // each peer's user id is checked (SO_PEERCRED; elsewhere the socket's mode
-// alone keeps other users out). A reader opens it with Dial, which gives a
+// alone keeps other users out). A reader in turn trusts only its own
+// user's writer: Dial refuses a symbolic link or another kind of file at
+// the socket's path, a socket another user owns, and, on Linux, a socket
+// whose listening process runs as another user (ErrUntrustedSocket) — in a
+// shared directory another user could put a socket where a store's
+// belongs; a writer that finds one there leaves it and serves no readers
+// (Serving says whose it is). A reader opens it with Dial, which gives a
 // Remote, or with OpenReader, which gives a Reader: each read opens the
 // file read-only for a moment (reads close together share one opening, a
 // quarter of a second at most, then a pause in which a waiting writer

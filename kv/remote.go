@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -70,9 +71,16 @@ func Dial(path string) (*Remote, error) {
 	dialer := net.Dialer{}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if err := checkSocket(sock); err != nil {
+				return nil, err
+			}
 			c, err := dialer.DialContext(ctx, "unix", sock)
 			if err != nil {
 				return nil, &dialError{err}
+			}
+			if err := checkWriter(c, sock); err != nil {
+				c.Close()
+				return nil, err
 			}
 			return c, nil
 		},
@@ -97,6 +105,39 @@ func Dial(path string) (*Remote, error) {
 	}
 	r.writer = rep.Writer
 	return r, nil
+}
+
+// checkSocket refuses what is at sock unless it is a socket of this
+// process's user: a symbolic link, anything else, or another user's socket
+// (in a shared directory another user could put one where a store's
+// belongs, and answer its reads) is refused with ErrUntrustedSocket. No
+// file at all is a dialError: nothing answers.
+func checkSocket(sock string) error {
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		return &dialError{err}
+	}
+	switch t := fi.Mode().Type(); {
+	case t == fs.ModeSymlink:
+		return fmt.Errorf("%w: %s is a symbolic link, not a writer's socket (remove it)", ErrUntrustedSocket, sock)
+	case t != fs.ModeSocket:
+		return fmt.Errorf("%w: %s is not a socket (%v)", ErrUntrustedSocket, sock, t)
+	}
+	if uid, ok := fileOwner(fi); ok && uid != os.Getuid() {
+		return fmt.Errorf("%w: %s belongs to user %d, and this process runs as user %d (in a shared directory another user may have put it there: remove it, or keep the store in a directory of your own)",
+			ErrUntrustedSocket, sock, uid, os.Getuid())
+	}
+	return nil
+}
+
+// answeredBy refuses a process of user uid answering on sock unless it is
+// this process's user.
+func answeredBy(sock string, uid int) error {
+	if me := os.Getuid(); uid != me {
+		return fmt.Errorf("%w: the process answering on %s runs as user %d, and this process as user %d",
+			ErrUntrustedSocket, sock, uid, me)
+	}
+	return nil
 }
 
 // dialError is a connection to the socket that could not be made.
@@ -148,8 +189,12 @@ func (r *Remote) get(ctx context.Context, what, path string, q url.Values, rep *
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // not the request's made-up URL
+		}
 		var de *dialError
-		if what == "hello" && errors.As(err, &de) {
+		if what == "hello" && errors.As(err, &de) || errors.Is(err, ErrUntrustedSocket) {
 			return err
 		}
 		return r.gone(what, err)

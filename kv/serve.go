@@ -54,6 +54,12 @@ var (
 	// store). Open the store again: once the writer is gone the file is
 	// opened directly.
 	ErrWriterGone = errors.New("kv: the process writing the store stopped answering")
+	// ErrUntrustedSocket: what answers, or lies, at a store's reader
+	// socket is not a socket of a process of this process's user (a
+	// symbolic link, another kind of file, another user's socket); a
+	// reader refuses it, and a writer leaves it in place and serves no
+	// readers.
+	ErrUntrustedSocket = errors.New("kv: the store's reader socket is not this user's")
 )
 
 // SocketPath is the reader socket of the store file at path: path with
@@ -100,6 +106,10 @@ func (s *Store) serve(o Options) {
 	if fi, err := os.Lstat(sock); err == nil {
 		if fi.Mode().Type() != fs.ModeSocket {
 			why("%s exists and is not a socket (%s); it is left as it is", sock, fi.Mode().Type())
+			return
+		}
+		if uid, ok := fileOwner(fi); ok && uid != os.Getuid() {
+			why("%s is a socket of user %d, and this process runs as user %d; it is left as it is (remove it, or keep the store in a directory of your own)", sock, uid, os.Getuid())
 			return
 		}
 		if err := os.Remove(sock); err != nil {
