@@ -153,13 +153,18 @@
 // of a run) thus never keeps an agent from opening its file. The socket
 // speaks HTTP/1.1 with msgpack bodies, versioned (ProtocolVersion;
 // ErrProtocolVersion when writer and reader differ). The writer reads in
-// its own read transactions, which see committed transactions only — the
-// durable events, unless the store is NoSync, whose commits are not
-// synced — copies what it read out of the transaction, and sends it after:
-// no transaction waits on a slow reader; at most a few connections are
-// served at once, each request within a deadline, and appends never wait
-// for the socket, which has a goroutine of its own. The values come as
-// stored and are decoded and checked on the reader's side (checksums
+// its own read transactions, which see committed transactions only
+// (bbolt makes a commit visible just before it syncs it, so a read may
+// see an event a moment before its Append returns, and one a crash then
+// loses; with NoSync, commits are not synced at all) — copies what it read out of the transaction, and sends it after:
+// no transaction waits on a slow reader. A run's values go undecoded, in
+// chunks of a few MiB, each read in a transaction of its own as of the
+// index entry the first read (a run appended meanwhile is read as it stood
+// then), so a served read of a big run costs the writer a chunk's memory,
+// not the run's; at most two reads of runs' values are served at once, a
+// read stops as soon as its deadline passes or the store closes, and
+// appends never wait for the socket, which has goroutines of its own. The
+// values are decoded and checked on the reader's side (checksums
 // included), the problems the writer found beside them, so a read through
 // the socket answers what a read of the file would, damage included.
 //

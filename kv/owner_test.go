@@ -68,7 +68,7 @@ func TestAReaderTrustsOnlyItsOwnUsersWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go http.Serve(l, &handler{store: s}) // it answers as a writer would
+	go http.Serve(l, newHandler(s)) // it answers as a writer would
 	defer l.Close()
 	if err := os.Lchown(SocketPath(fake), other, other); err != nil {
 		t.Fatal(err)

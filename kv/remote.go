@@ -33,8 +33,8 @@ const helloTimeout = 5 * time.Second
 // Remote reads a store file that another process has open for writing,
 // through that process's reader socket (Store.Serving): the reads of a
 // read-only Store — Runs, Load, LoadAfter, Describe — answered by the
-// writer from its read transactions, so they see every event made durable
-// and nothing else. Events come as the writer stored them and are decoded
+// writer from its read transactions, so they see every committed event
+// (see the package doc on when a commit is visible). Events come as the writer stored them and are decoded
 // and checked here (checksums included), so damage is reported as Load
 // reports it. Writes are refused with ErrReadOnly. Safe for concurrent use.
 //
@@ -267,28 +267,57 @@ func (r *Remote) Describe(ctx context.Context, runID string) (RunInfo, error) {
 }
 
 // Load implements seams.RunStore: as Store.Load, from the values the
-// writer read, checked here.
+// writer read, checked here. A big run comes in chunks of a few MiB, each
+// the writer's read of its own, all as of the index entry the first read
+// (so a run appended meanwhile reads as it stood then).
 func (r *Remote) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	var rep wireReply
-	if err := r.get(ctx, fmt.Sprintf("load run %q", clip(runID, 80)), "/load", url.Values{"run": {runID}}, &rep); err != nil {
-		return nil, err
-	}
-	return replay(runID, rep.Reads, nil)
+	return r.load(ctx, runID, nil)
 }
 
 // Scan implements seams.RunScanner as Store.Scan does, from the values
-// the writer read (the whole run in one reply: a scan through the socket
-// spares this process holding the decoded stream, not the transfer).
+// the writer read (a chunk at a time: fn may stop the read).
 func (r *Remote) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
-	var rep wireReply
-	if err := r.get(ctx, fmt.Sprintf("load run %q", clip(runID, 80)), "/load", url.Values{"run": {runID}}, &rep); err != nil {
-		return err
-	}
-	_, err := replay(runID, rep.Reads, fn)
+	_, err := r.load(ctx, runID, fn)
 	return err
 }
 
-// LoadAfter implements seams.RunTailer as Store.LoadAfter does.
+// load is Load, or with each set Scan: the writer's chunks handed to a
+// stream reader in turn.
+func (r *Remote) load(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
+	sr := events.StreamReader{RunID: runID, Each: each}
+	what := fmt.Sprintf("load run %q", clip(runID, 80))
+	q := url.Values{"run": {runID}}
+	for {
+		var rep wireReply
+		if err := r.get(ctx, what, "/load", q, &rep); err != nil {
+			return nil, err
+		}
+		hand(&sr, rep.Reads)
+		if rep.Next == 0 || sr.Stopped() {
+			break
+		}
+		if rep.Next <= atoi(q.Get("from")) {
+			return nil, fmt.Errorf("%s: %s: the writer's next chunk starts at %d, not after %s", r.path, what, rep.Next, q.Get("from"))
+		}
+		q.Set("from", strconv.Itoa(rep.Next))
+		if rep.Pin != nil && len(rep.Pin.Last) == len(ulid.ULID{}) {
+			q.Set("pin", strconv.Itoa(rep.Pin.Events))
+			q.Set("last", ulid.ULID(rep.Pin.Last).String())
+		}
+	}
+	return loaded(runID, &sr)
+}
+
+// atoi is s as a number, 0 when it is none.
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// LoadAfter implements seams.RunTailer as Store.LoadAfter does: the writer
+// sends the events after the first seen when they are a chunk's bytes at
+// most and it finds them as LoadAfter would; otherwise the whole stream is
+// read (Load) and cut as Store.LoadAfter cuts it.
 func (r *Remote) LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error) {
 	var rep wireReply
 	q := url.Values{"run": {runID}, "seen": {strconv.Itoa(seen)}, "last": {last.String()}}
@@ -296,7 +325,7 @@ func (r *Remote) LoadAfter(ctx context.Context, runID string, seen int, last uli
 		return nil, err
 	}
 	if rep.Whole {
-		stream, err := replay(runID, rep.Reads, nil)
+		stream, err := r.Load(ctx, runID)
 		return seams.StreamAfter(runID, stream, err, seen, last)
 	}
 	return replay(runID, rep.Reads, nil)
@@ -321,9 +350,16 @@ func replay(runID string, reads []wireRead, each func(events.Envelope) error) ([
 			}
 		}
 	}
+	hand(&r, reads)
+	return loaded(runID, &r)
+}
+
+// hand gives r the values and problems in reads (those read back,
+// Earlier's, aside).
+func hand(r *events.StreamReader, reads []wireRead) {
 	for _, w := range reads {
 		if r.Stopped() {
-			break
+			return
 		}
 		switch {
 		case w.Earlier:
@@ -335,5 +371,4 @@ func replay(runID string, reads []wireRead, each func(events.Envelope) error) ([
 			r.Value(ulid.ULID(w.Key), w.Value)
 		}
 	}
-	return loaded(runID, &r)
 }
