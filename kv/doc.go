@@ -162,7 +162,10 @@
 // index entry the first read (a run appended meanwhile is read as it stood
 // then), so a served read of a big run costs the writer a chunk's memory,
 // not the run's; at most two reads of runs' values are served at once, a
-// read stops as soon as its deadline passes or the store closes, and
+// read stops as soon as its deadline passes or the store closes, the
+// requests in progress take a place each (16 at most: connections kept
+// alive between requests hold none; one more waits a little, then is
+// refused as busy, saying so), and
 // appends never wait for the socket, which has goroutines of its own. The
 // values are decoded and checked on the reader's side (checksums
 // included), the problems the writer found beside them, so a read through

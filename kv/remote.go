@@ -213,6 +213,9 @@ func (r *Remote) get(ctx context.Context, what, path string, q url.Values, rep *
 		return fmt.Errorf("%w: the process writing %s speaks reader protocol %q, this reader %q (use a polyloop of the writer's version, or stop the writer to read the file directly)",
 			ErrProtocolVersion, r.path, v, ProtocolVersion)
 	}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		return fmt.Errorf("%s: the writer's reader socket %s is %s; try again", what, r.socket, bytes.TrimSpace(body))
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("kv: %s: %s: the writer refused the request: %s", r.path, what, bytes.TrimSpace(body))
 	}

@@ -37,10 +37,12 @@ const (
 	maxChunkBytes = 4 << 20 // values copied for one reply (and one value more)
 	maxBigReads   = 2       // reads of runs' values served at once; more wait
 
-	maxServedConns  = 16               // connections served at once; more wait to be accepted
-	servedDeadline  = 30 * time.Second // a request's read and its response's write
-	maxRequestBytes = 8 << 10          // a request's header (its body is refused)
-	servedIdle      = 5 * time.Second  // how long an idle connection is kept
+	maxServedRequests = 16  // requests served at once; more wait busyWait, then are refused as busy
+	maxServedConns    = 256 // connections open at once, idle ones included; more wait to be accepted
+	busyWait          = 2 * time.Second
+	servedDeadline    = 30 * time.Second // a request's read and its response's write
+	maxRequestBytes   = 8 << 10          // a request's header (its body is refused)
+	servedIdle        = 5 * time.Second  // how long an idle connection is kept
 )
 
 // maxSocketPath is the longest socket path the system's sockaddr_un holds
@@ -440,11 +442,12 @@ func (s *Store) serveLoad(ctx context.Context, runID string, from int, pin *RunI
 // maxBigReads of runs' values at once.
 type handler struct {
 	store *Store
-	big   chan struct{}
+	big   chan struct{} // a place per read of runs' values
+	reqs  chan struct{} // a place per request (not per connection: a kept-alive one holds none)
 }
 
 func newHandler(s *Store) *handler {
-	return &handler{store: s, big: make(chan struct{}, maxBigReads)}
+	return &handler{store: s, big: make(chan struct{}, maxBigReads), reqs: make(chan struct{}, maxServedRequests)}
 }
 
 // bigRead waits for a place among the reads of runs' values; false when
@@ -476,6 +479,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodGet || r.ContentLength != 0 {
 		http.Error(w, "kv: reader socket: only GET without a body", http.StatusMethodNotAllowed)
+		return
+	}
+	select {
+	case h.reqs <- struct{}{}:
+		defer func() { <-h.reqs }()
+	case <-time.After(busyWait):
+		http.Error(w, fmt.Sprintf("busy (%d readers)", maxServedRequests), http.StatusServiceUnavailable)
+		return
+	case <-r.Context().Done():
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), servedDeadline)
