@@ -13,7 +13,6 @@ import (
 	"os"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -147,27 +146,29 @@ func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
 // gone says the writer stopped answering during what (an error wrapping
-// ErrWriterGone); clean when its socket is gone, which a writer that
-// closed its store removes (one that was killed leaves it behind).
+// ErrWriterGone); unsent when the request never reached a writer (its
+// socket is gone, as a writer that closed its store leaves it, or refuses
+// connections, as a killed one leaves it), so reading the file instead
+// answers it.
 func (r *Remote) gone(what string, err error) error {
 	var de *dialError
 	switch {
 	case errors.As(err, &de) && errors.Is(de.err, fs.ErrNotExist):
-		return &goneError{fmt.Errorf("%w: %s: %s: its socket is gone (it closed the store); open the store again to read the file directly",
+		return &goneError{fmt.Errorf("%w: %s: %s: its socket is gone (it closed the store); the file can be read directly now",
 			ErrWriterGone, r.path, what), true}
-	case errors.As(err, &de) && errors.Is(de.err, syscall.ECONNREFUSED):
-		return &goneError{fmt.Errorf("%w: %s: %s: its socket %s refuses connections (the writer was killed); open the store again to read the file directly",
-			ErrWriterGone, r.path, what, r.socket), false}
+	case errors.As(err, &de):
+		return &goneError{fmt.Errorf("%w: %s: %s: its socket %s refuses connections (the writer was killed); the file can be read directly now",
+			ErrWriterGone, r.path, what, r.socket), true}
 	}
-	return &goneError{fmt.Errorf("%w: %s: %s: %v (the writer was killed, or closed the store); open the store again to read the file directly",
+	return &goneError{fmt.Errorf("%w: %s: %s: %v (the writer was killed, or closed the store, in the middle of the read); the file can be read directly now",
 		ErrWriterGone, r.path, what, err), false}
 }
 
-// goneError is ErrWriterGone's error, clean when the writer closed the
-// store (its socket is gone) rather than died.
+// goneError is ErrWriterGone's error, unsent when the request never
+// reached a writer.
 type goneError struct {
-	err   error
-	clean bool
+	err    error
+	unsent bool
 }
 
 func (e *goneError) Error() string { return e.err.Error() }
