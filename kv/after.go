@@ -27,12 +27,17 @@ func (s *Store) LoadAfter(ctx context.Context, runID string, seen int, last ulid
 }
 
 // loadAfter is LoadAfter; rec, when set, records what the stream reader
-// that answers is handed (a served read), and whether it read the whole
-// stream (Load's answer, cut by seams.StreamAfter).
+// is handed for a served read, which keeps none of the events it decodes
+// and gives up once it copied more than a chunk's bytes: where LoadAfter
+// would read the whole stream, it records only that (rec.whole), and the
+// reader reads the whole stream in chunks (Remote.LoadAfter).
 func (s *Store) loadAfter(ctx context.Context, runID string, seen int, last ulid.ULID, rec *recording) ([]events.Envelope, error) {
 	whole := func() ([]events.Envelope, error) {
-		rec.reset(true)
-		stream, err := s.read(ctx, runID, nil, rec)
+		if rec != nil {
+			rec.reset(true)
+			return nil, nil
+		}
+		stream, err := s.read(ctx, runID, nil)
 		return seams.StreamAfter(runID, stream, err, seen, last)
 	}
 	if seen <= 0 {
@@ -42,6 +47,9 @@ func (s *Store) loadAfter(ctx context.Context, runID string, seen int, last ulid
 		return nil, rec.failed(err)
 	}
 	r := events.StreamReader{RunID: runID, Tee: rec.teeFunc()}
+	if rec != nil {
+		r.Each = rec.each(ctx)
+	}
 	read := false
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {

@@ -138,7 +138,13 @@
 // the reads of a read-only Store — Runs, Describe, Load, LoadAfter, Scan —
 // to processes of its own user: the socket's mode is 0600, and on Linux
 // each peer's user id is checked (SO_PEERCRED; elsewhere the socket's mode
-// alone keeps other users out). A reader opens it with Dial, which gives a
+// alone keeps other users out). A reader in turn trusts only its own
+// user's writer: Dial refuses a symbolic link or another kind of file at
+// the socket's path, a socket another user owns, and, on Linux, a socket
+// whose listening process runs as another user (ErrUntrustedSocket) — in a
+// shared directory another user could put a socket where a store's
+// belongs; a writer that finds one there leaves it and serves no readers
+// (Serving says whose it is). A reader opens it with Dial, which gives a
 // Remote, or with OpenReader, which gives a Reader: each read opens the
 // file read-only for a moment (reads close together share one opening, a
 // quarter of a second at most, then a pause in which a waiting writer
@@ -147,13 +153,21 @@
 // of a run) thus never keeps an agent from opening its file. The socket
 // speaks HTTP/1.1 with msgpack bodies, versioned (ProtocolVersion;
 // ErrProtocolVersion when writer and reader differ). The writer reads in
-// its own read transactions, which see committed transactions only — the
-// durable events, unless the store is NoSync, whose commits are not
-// synced — copies what it read out of the transaction, and sends it after:
-// no transaction waits on a slow reader; at most a few connections are
-// served at once, each request within a deadline, and appends never wait
-// for the socket, which has a goroutine of its own. The values come as
-// stored and are decoded and checked on the reader's side (checksums
+// its own read transactions, which see committed transactions only
+// (bbolt makes a commit visible just before it syncs it, so a read may
+// see an event a moment before its Append returns, and one a crash then
+// loses; with NoSync, commits are not synced at all) — copies what it read out of the transaction, and sends it after:
+// no transaction waits on a slow reader. A run's values go undecoded, in
+// chunks of a few MiB, each read in a transaction of its own as of the
+// index entry the first read (a run appended meanwhile is read as it stood
+// then), so a served read of a big run costs the writer a chunk's memory,
+// not the run's; at most two reads of runs' values are served at once, a
+// read stops as soon as its deadline passes or the store closes, the
+// requests in progress take a place each (16 at most: connections kept
+// alive between requests hold none; one more waits a little, then is
+// refused as busy, saying so), and
+// appends never wait for the socket, which has goroutines of its own. The
+// values are decoded and checked on the reader's side (checksums
 // included), the problems the writer found beside them, so a read through
 // the socket answers what a read of the file would, damage included.
 //

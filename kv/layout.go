@@ -30,7 +30,7 @@ type layout interface {
 	// read hands the run's stream to r in order and returns how many
 	// values it read and the last key; a stream that is not there reads as
 	// none, with exists false.
-	read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r *events.StreamReader) (n int, last ulid.ULID, exists bool)
+	read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r streamSink) (n int, last ulid.ULID, exists bool)
 	// values is the run's stream as stored, in order, each event's key and
 	// sealed value without decoding it, and what is wrong with it as read
 	// finds it; exists as read's.
@@ -125,7 +125,7 @@ func (l bucketLayout) put(tx *bolt.Tx, runID string, _ uint64, _, key ulid.ULID,
 
 func (bucketLayout) taken(*bolt.Tx, string, ulid.ULID) bool { return false } // keys only grow within a bucket
 
-func (l bucketLayout) read(tx *bolt.Tx, runID string, _ RunInfo, _ bool, r *events.StreamReader) (n int, last ulid.ULID, exists bool) {
+func (l bucketLayout) read(tx *bolt.Tx, runID string, _ RunInfo, _ bool, r streamSink) (n int, last ulid.ULID, exists bool) {
 	b, err := l.stream(tx, runID)
 	if err != nil {
 		r.Problem(err)
@@ -317,7 +317,7 @@ func (logLayout) taken(tx *bolt.Tx, _ string, key ulid.ULID) bool {
 	return tx.Bucket(logBucket).Get(key[:]) != nil
 }
 
-func (l logLayout) read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r *events.StreamReader) (n int, last ulid.ULID, exists bool) {
+func (l logLayout) read(tx *bolt.Tx, runID string, info RunInfo, indexed bool, r streamSink) (n int, last ulid.ULID, exists bool) {
 	log, starts, err := l.buckets(tx)
 	if err != nil {
 		r.Problem(err)

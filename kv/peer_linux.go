@@ -10,13 +10,33 @@ import (
 // another user, by the credentials the kernel recorded when it connected
 // (SO_PEERCRED).
 func checkPeer(c net.Conn) error {
+	uid, err := peerUser(c)
+	if err != nil {
+		return err
+	}
+	return sameUser(uid)
+}
+
+// checkWriter refuses the process answering on sock (c is a reader's
+// connection to it) when it runs as another user, by the credentials the
+// kernel recorded when it listened (SO_PEERCRED).
+func checkWriter(c net.Conn, sock string) error {
+	uid, err := peerUser(c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", sock, err)
+	}
+	return answeredBy(sock, uid)
+}
+
+// peerUser is the user id of the process at the other end of c.
+func peerUser(c net.Conn) (int, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return fmt.Errorf("kv: reader socket: a %T is not a Unix socket connection", c)
+		return 0, fmt.Errorf("a %T is not a Unix socket connection", c)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var (
 		cred *syscall.Ucred
@@ -25,10 +45,10 @@ func checkPeer(c net.Conn) error {
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	}); err != nil {
-		return err
+		return 0, err
 	}
 	if cerr != nil {
-		return fmt.Errorf("kv: reader socket: the peer's credentials: %w", cerr)
+		return 0, fmt.Errorf("the peer's credentials: %w", cerr)
 	}
-	return sameUser(int(cred.Uid))
+	return int(cred.Uid), nil
 }

@@ -22,7 +22,7 @@ import (
 // with an error wrapping ErrCorrupt and an *events.DamageError listing
 // every problem.
 func (s *Store) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	return s.read(ctx, runID, nil, nil)
+	return s.read(ctx, runID, nil)
 }
 
 var _ seams.RunScanner = (*Store)(nil)
@@ -32,7 +32,7 @@ var _ seams.RunScanner = (*Store)(nil)
 // (fn should not wait on this store's writers: a writer that must grow the
 // file waits for the read to end).
 func (s *Store) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
-	_, err := s.read(ctx, runID, fn, nil)
+	_, err := s.read(ctx, runID, fn)
 	return err
 }
 
@@ -48,14 +48,36 @@ func (s *Store) readable(ctx context.Context, runID string) error {
 	return s.checkOpen()
 }
 
-// read is Load, or with each set Scan; rec, when set, records what the
-// stream reader is handed, or the failure that kept it from reading (a
-// served read).
-func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error, rec *recording) ([]events.Envelope, error) {
+// read is Load, or with each set Scan.
+func (s *Store) read(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
 	if err := s.readable(ctx, runID); err != nil {
-		return nil, rec.failed(err)
+		return nil, err
 	}
-	r := events.StreamReader{RunID: runID, Each: each, Tee: rec.teeFunc()}
+	r := events.StreamReader{RunID: runID, Each: each}
+	if _, err := s.readStream(runID, &r, nil); err != nil {
+		return nil, fmt.Errorf("kv: load run %q: %w", runID, err)
+	}
+	return loaded(runID, &r)
+}
+
+// streamSink is what a layout hands a run's stored stream to, in order:
+// an events.StreamReader, or a served read's chunk (servedChunk), which
+// copies the values without decoding them.
+type streamSink interface {
+	Value(id ulid.ULID, sealed []byte) (events.Envelope, bool)
+	Problem(err error)
+	Stopped() bool
+}
+
+// readStream hands runID's stored stream to sink in one read transaction,
+// then what is wrong with it against its index entry, unless sink stopped
+// first (it needs no more of the stream). pin, when set, is the index
+// entry an earlier transaction read (a served read in chunks): the stream
+// is read as of then, and a run that no longer reaches that far fails with
+// seams.ErrStreamChanged. It returns the sound index entry it read by, or
+// nil when there was none.
+func (s *Store) readStream(runID string, sink streamSink, pin *RunInfo) (*RunInfo, error) {
+	var by *RunInfo
 	err := withFaultsAsPanics(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			index := tx.Bucket(indexBucket)
@@ -63,34 +85,41 @@ func (s *Store) read(ctx context.Context, runID string, each func(events.Envelop
 				return fmt.Errorf("%w: %s: the index bucket is missing", ErrCorrupt, s.path)
 			}
 			info, indexed, err := readInfo(index, s.layout.entryKey(tx, runID), runID)
-			if err != nil {
-				r.Problem(err)
+			if pin != nil {
+				if !indexed || err != nil || info.Events < pin.Events {
+					return fmt.Errorf("%w: its stream changed while it was read in parts", seams.ErrStreamChanged)
+				}
+				info.Events, info.LastID = pin.Events, pin.LastID
 			}
-			n, last, exists := s.layout.read(tx, runID, info, indexed && err == nil, &r)
+			if err != nil {
+				sink.Problem(err)
+			} else if indexed {
+				by = &info
+			}
+			n, last, exists := s.layout.read(tx, runID, info, indexed && err == nil, sink)
 			switch {
+			case sink.Stopped():
+				return nil
 			case !exists && indexed:
-				r.Problem(fmt.Errorf("the index lists run %q but its stream is missing", runID))
+				sink.Problem(fmt.Errorf("the index lists run %q but its stream is missing", runID))
 				return nil
 			case !exists:
 				return nil // never written
 			case !indexed:
-				r.Problem(fmt.Errorf("run %q has a stream but no index entry", runID))
+				sink.Problem(fmt.Errorf("run %q has a stream but no index entry", runID))
 			}
 			if indexed && err == nil {
 				if n != info.Events {
-					r.Problem(fmt.Errorf("the stream holds %d events, its index entry counts %d: events are missing or were added", n, info.Events))
+					sink.Problem(fmt.Errorf("the stream holds %d events, its index entry counts %d: events are missing or were added", n, info.Events))
 				}
 				if info.LastID != (ulid.ULID{}) && last != info.LastID {
-					r.Problem(fmt.Errorf("the stream's last event is %s, its index entry names %s: the tail is missing or was added", last, info.LastID))
+					sink.Problem(fmt.Errorf("the stream's last event is %s, its index entry names %s: the tail is missing or was added", last, info.LastID))
 				}
 			}
 			return nil
 		})
 	})
-	if err != nil {
-		return nil, rec.failed(fmt.Errorf("kv: load run %q: %w", runID, err))
-	}
-	return loaded(runID, &r)
+	return by, err
 }
 
 // loaded is what Load returns once r was handed runID's stream.

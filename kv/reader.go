@@ -36,8 +36,8 @@ const (
 //
 // A writer that stops answering in the middle of a read (killed) makes
 // that read fail with an error wrapping ErrWriterGone; the next read opens
-// the file directly, as it does, without a word, after a writer that
-// closed its store between two reads.
+// the file directly, as a read does at once, without a word, after a
+// writer that closed its store or was killed between two reads.
 type Reader struct {
 	path string
 	o    Options
@@ -239,7 +239,7 @@ func (r *Reader) closeFile() error {
 
 // do runs one read: through the socket while a writer answers on it
 // (forgetting it when it stopped answering, and reading the file at once
-// when it closed its store cleanly), through the file otherwise.
+// when the request never reached the writer), through the file otherwise.
 func (r *Reader) do(read func(reads) error) error {
 	for attempt := 0; ; attempt++ {
 		via, release, err := r.acquire()
@@ -256,7 +256,7 @@ func (r *Reader) do(read func(reads) error) error {
 				remote.Close()
 			}
 			r.mu.Unlock()
-			if gone.clean && attempt == 0 {
+			if gone.unsent && attempt == 0 { // reads are idempotent: read the file instead
 				continue
 			}
 		}

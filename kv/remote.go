@@ -10,9 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -32,8 +32,8 @@ const helloTimeout = 5 * time.Second
 // Remote reads a store file that another process has open for writing,
 // through that process's reader socket (Store.Serving): the reads of a
 // read-only Store — Runs, Load, LoadAfter, Describe — answered by the
-// writer from its read transactions, so they see every event made durable
-// and nothing else. Events come as the writer stored them and are decoded
+// writer from its read transactions, so they see every committed event
+// (see the package doc on when a commit is visible). Events come as the writer stored them and are decoded
 // and checked here (checksums included), so damage is reported as Load
 // reports it. Writes are refused with ErrReadOnly. Safe for concurrent use.
 //
@@ -70,9 +70,16 @@ func Dial(path string) (*Remote, error) {
 	dialer := net.Dialer{}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if err := checkSocket(sock); err != nil {
+				return nil, err
+			}
 			c, err := dialer.DialContext(ctx, "unix", sock)
 			if err != nil {
 				return nil, &dialError{err}
+			}
+			if err := checkWriter(c, sock); err != nil {
+				c.Close()
+				return nil, err
 			}
 			return c, nil
 		},
@@ -99,6 +106,39 @@ func Dial(path string) (*Remote, error) {
 	return r, nil
 }
 
+// checkSocket refuses what is at sock unless it is a socket of this
+// process's user: a symbolic link, anything else, or another user's socket
+// (in a shared directory another user could put one where a store's
+// belongs, and answer its reads) is refused with ErrUntrustedSocket. No
+// file at all is a dialError: nothing answers.
+func checkSocket(sock string) error {
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		return &dialError{err}
+	}
+	switch t := fi.Mode().Type(); {
+	case t == fs.ModeSymlink:
+		return fmt.Errorf("%w: %s is a symbolic link, not a writer's socket (remove it)", ErrUntrustedSocket, sock)
+	case t != fs.ModeSocket:
+		return fmt.Errorf("%w: %s is not a socket (%v)", ErrUntrustedSocket, sock, t)
+	}
+	if uid, ok := fileOwner(fi); ok && uid != os.Getuid() {
+		return fmt.Errorf("%w: %s belongs to user %d, and this process runs as user %d (in a shared directory another user may have put it there: remove it, or keep the store in a directory of your own)",
+			ErrUntrustedSocket, sock, uid, os.Getuid())
+	}
+	return nil
+}
+
+// answeredBy refuses a process of user uid answering on sock unless it is
+// this process's user.
+func answeredBy(sock string, uid int) error {
+	if me := os.Getuid(); uid != me {
+		return fmt.Errorf("%w: the process answering on %s runs as user %d, and this process as user %d",
+			ErrUntrustedSocket, sock, uid, me)
+	}
+	return nil
+}
+
 // dialError is a connection to the socket that could not be made.
 type dialError struct{ err error }
 
@@ -106,27 +146,29 @@ func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
 // gone says the writer stopped answering during what (an error wrapping
-// ErrWriterGone); clean when its socket is gone, which a writer that
-// closed its store removes (one that was killed leaves it behind).
+// ErrWriterGone); unsent when the request never reached a writer (its
+// socket is gone, as a writer that closed its store leaves it, or refuses
+// connections, as a killed one leaves it), so reading the file instead
+// answers it.
 func (r *Remote) gone(what string, err error) error {
 	var de *dialError
 	switch {
 	case errors.As(err, &de) && errors.Is(de.err, fs.ErrNotExist):
-		return &goneError{fmt.Errorf("%w: %s: %s: its socket is gone (it closed the store); open the store again to read the file directly",
+		return &goneError{fmt.Errorf("%w: %s: %s: its socket is gone (it closed the store); the file can be read directly now",
 			ErrWriterGone, r.path, what), true}
-	case errors.As(err, &de) && errors.Is(de.err, syscall.ECONNREFUSED):
-		return &goneError{fmt.Errorf("%w: %s: %s: its socket %s refuses connections (the writer was killed); open the store again to read the file directly",
-			ErrWriterGone, r.path, what, r.socket), false}
+	case errors.As(err, &de):
+		return &goneError{fmt.Errorf("%w: %s: %s: its socket %s refuses connections (the writer was killed); the file can be read directly now",
+			ErrWriterGone, r.path, what, r.socket), true}
 	}
-	return &goneError{fmt.Errorf("%w: %s: %s: %v (the writer was killed, or closed the store); open the store again to read the file directly",
+	return &goneError{fmt.Errorf("%w: %s: %s: %v (the writer was killed, or closed the store, in the middle of the read); the file can be read directly now",
 		ErrWriterGone, r.path, what, err), false}
 }
 
-// goneError is ErrWriterGone's error, clean when the writer closed the
-// store (its socket is gone) rather than died.
+// goneError is ErrWriterGone's error, unsent when the request never
+// reached a writer.
 type goneError struct {
-	err   error
-	clean bool
+	err    error
+	unsent bool
 }
 
 func (e *goneError) Error() string { return e.err.Error() }
@@ -148,8 +190,12 @@ func (r *Remote) get(ctx context.Context, what, path string, q url.Values, rep *
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // not the request's made-up URL
+		}
 		var de *dialError
-		if what == "hello" && errors.As(err, &de) {
+		if what == "hello" && errors.As(err, &de) || errors.Is(err, ErrUntrustedSocket) {
 			return err
 		}
 		return r.gone(what, err)
@@ -167,6 +213,9 @@ func (r *Remote) get(ctx context.Context, what, path string, q url.Values, rep *
 	if v := resp.Header.Get(protocolHeader); v != ProtocolVersion {
 		return fmt.Errorf("%w: the process writing %s speaks reader protocol %q, this reader %q (use a polyloop of the writer's version, or stop the writer to read the file directly)",
 			ErrProtocolVersion, r.path, v, ProtocolVersion)
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		return fmt.Errorf("%s: the writer's reader socket %s is %s; try again", what, r.socket, bytes.TrimSpace(body))
 	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("kv: %s: %s: the writer refused the request: %s", r.path, what, bytes.TrimSpace(body))
@@ -222,28 +271,57 @@ func (r *Remote) Describe(ctx context.Context, runID string) (RunInfo, error) {
 }
 
 // Load implements seams.RunStore: as Store.Load, from the values the
-// writer read, checked here.
+// writer read, checked here. A big run comes in chunks of a few MiB, each
+// the writer's read of its own, all as of the index entry the first read
+// (so a run appended meanwhile reads as it stood then).
 func (r *Remote) Load(ctx context.Context, runID string) ([]events.Envelope, error) {
-	var rep wireReply
-	if err := r.get(ctx, fmt.Sprintf("load run %q", clip(runID, 80)), "/load", url.Values{"run": {runID}}, &rep); err != nil {
-		return nil, err
-	}
-	return replay(runID, rep.Reads, nil)
+	return r.load(ctx, runID, nil)
 }
 
 // Scan implements seams.RunScanner as Store.Scan does, from the values
-// the writer read (the whole run in one reply: a scan through the socket
-// spares this process holding the decoded stream, not the transfer).
+// the writer read (a chunk at a time: fn may stop the read).
 func (r *Remote) Scan(ctx context.Context, runID string, fn func(events.Envelope) error) error {
-	var rep wireReply
-	if err := r.get(ctx, fmt.Sprintf("load run %q", clip(runID, 80)), "/load", url.Values{"run": {runID}}, &rep); err != nil {
-		return err
-	}
-	_, err := replay(runID, rep.Reads, fn)
+	_, err := r.load(ctx, runID, fn)
 	return err
 }
 
-// LoadAfter implements seams.RunTailer as Store.LoadAfter does.
+// load is Load, or with each set Scan: the writer's chunks handed to a
+// stream reader in turn.
+func (r *Remote) load(ctx context.Context, runID string, each func(events.Envelope) error) ([]events.Envelope, error) {
+	sr := events.StreamReader{RunID: runID, Each: each}
+	what := fmt.Sprintf("load run %q", clip(runID, 80))
+	q := url.Values{"run": {runID}}
+	for {
+		var rep wireReply
+		if err := r.get(ctx, what, "/load", q, &rep); err != nil {
+			return nil, err
+		}
+		hand(&sr, rep.Reads)
+		if rep.Next == 0 || sr.Stopped() {
+			break
+		}
+		if rep.Next <= atoi(q.Get("from")) {
+			return nil, fmt.Errorf("%s: %s: the writer's next chunk starts at %d, not after %s", r.path, what, rep.Next, q.Get("from"))
+		}
+		q.Set("from", strconv.Itoa(rep.Next))
+		if rep.Pin != nil && len(rep.Pin.Last) == len(ulid.ULID{}) {
+			q.Set("pin", strconv.Itoa(rep.Pin.Events))
+			q.Set("last", ulid.ULID(rep.Pin.Last).String())
+		}
+	}
+	return loaded(runID, &sr)
+}
+
+// atoi is s as a number, 0 when it is none.
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// LoadAfter implements seams.RunTailer as Store.LoadAfter does: the writer
+// sends the events after the first seen when they are a chunk's bytes at
+// most and it finds them as LoadAfter would; otherwise the whole stream is
+// read (Load) and cut as Store.LoadAfter cuts it.
 func (r *Remote) LoadAfter(ctx context.Context, runID string, seen int, last ulid.ULID) ([]events.Envelope, error) {
 	var rep wireReply
 	q := url.Values{"run": {runID}, "seen": {strconv.Itoa(seen)}, "last": {last.String()}}
@@ -251,7 +329,7 @@ func (r *Remote) LoadAfter(ctx context.Context, runID string, seen int, last uli
 		return nil, err
 	}
 	if rep.Whole {
-		stream, err := replay(runID, rep.Reads, nil)
+		stream, err := r.Load(ctx, runID)
 		return seams.StreamAfter(runID, stream, err, seen, last)
 	}
 	return replay(runID, rep.Reads, nil)
@@ -276,9 +354,16 @@ func replay(runID string, reads []wireRead, each func(events.Envelope) error) ([
 			}
 		}
 	}
+	hand(&r, reads)
+	return loaded(runID, &r)
+}
+
+// hand gives r the values and problems in reads (those read back,
+// Earlier's, aside).
+func hand(r *events.StreamReader, reads []wireRead) {
 	for _, w := range reads {
 		if r.Stopped() {
-			break
+			return
 		}
 		switch {
 		case w.Earlier:
@@ -290,5 +375,4 @@ func replay(runID string, reads []wireRead, each func(events.Envelope) error) ([
 			r.Value(ulid.ULID(w.Key), w.Value)
 		}
 	}
-	return loaded(runID, &r)
 }

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/seams"
 )
 
@@ -25,17 +27,22 @@ import (
 // ProtocolVersion is the version of the reader socket's protocol. A reader
 // and a writer of different versions refuse each other with
 // ErrProtocolVersion.
-const ProtocolVersion = "1"
+const ProtocolVersion = "2"
 
 // protocolHeader carries ProtocolVersion in each request and response.
 const protocolHeader = "Polyloop-Kv-Protocol"
 
 // Limits of the served reads: they must not hurt the writer.
 const (
-	maxServedConns  = 16               // connections served at once; more wait to be accepted
-	servedDeadline  = 30 * time.Second // a request's read and its response's write
-	maxRequestBytes = 8 << 10          // a request's header (its body is refused)
-	servedIdle      = 5 * time.Second  // how long an idle connection is kept
+	maxChunkBytes = 4 << 20 // values copied for one reply (and one value more)
+	maxBigReads   = 2       // reads of runs' values served at once; more wait
+
+	maxServedRequests = 16  // requests served at once; more wait busyWait, then are refused as busy
+	maxServedConns    = 256 // connections open at once, idle ones included; more wait to be accepted
+	busyWait          = 2 * time.Second
+	servedDeadline    = 30 * time.Second // a request's read and its response's write
+	maxRequestBytes   = 8 << 10          // a request's header (its body is refused)
+	servedIdle        = 5 * time.Second  // how long an idle connection is kept
 )
 
 // maxSocketPath is the longest socket path the system's sockaddr_un holds
@@ -54,6 +61,12 @@ var (
 	// store). Open the store again: once the writer is gone the file is
 	// opened directly.
 	ErrWriterGone = errors.New("kv: the process writing the store stopped answering")
+	// ErrUntrustedSocket: what answers, or lies, at a store's reader
+	// socket is not a socket of a process of this process's user (a
+	// symbolic link, another kind of file, another user's socket); a
+	// reader refuses it, and a writer leaves it in place and serves no
+	// readers.
+	ErrUntrustedSocket = errors.New("kv: the store's reader socket is not this user's")
 )
 
 // SocketPath is the reader socket of the store file at path: path with
@@ -102,6 +115,10 @@ func (s *Store) serve(o Options) {
 			why("%s exists and is not a socket (%s); it is left as it is", sock, fi.Mode().Type())
 			return
 		}
+		if uid, ok := fileOwner(fi); ok && uid != os.Getuid() {
+			why("%s is a socket of user %d, and this process runs as user %d; it is left as it is (remove it, or keep the store in a directory of your own)", sock, uid, os.Getuid())
+			return
+		}
 		if err := os.Remove(sock); err != nil {
 			why("remove the stale socket %s: %v", sock, err)
 			return
@@ -114,7 +131,7 @@ func (s *Store) serve(o Options) {
 	}
 	sv := &server{path: sock, done: make(chan struct{})}
 	sv.srv = &http.Server{
-		Handler:           &handler{store: s},
+		Handler:           newHandler(s),
 		ReadHeaderTimeout: servedDeadline,
 		ReadTimeout:       servedDeadline,
 		WriteTimeout:      servedDeadline,
@@ -208,8 +225,19 @@ type wireReply struct {
 	// stream (a LoadAfter answered by Load).
 	Reads []wireRead `msgpack:"reads,omitempty"`
 	Whole bool       `msgpack:"whole,omitempty"`
+	// Next is where the next chunk of a Load starts (0: this was the
+	// last), and Pin the index entry the chunks are read by.
+	Next int      `msgpack:"next,omitempty"`
+	Pin  *wirePin `msgpack:"pin,omitempty"`
 	// Writer names the writing process (in a hello).
 	Writer string `msgpack:"writer,omitempty"`
+}
+
+// wirePin is the index entry a Load in chunks is read by: its count and
+// last key.
+type wirePin struct {
+	Events int    `msgpack:"n"`
+	Last   []byte `msgpack:"last"`
 }
 
 // wireRead is one thing a stream reader was handed: a stored value, a
@@ -285,13 +313,31 @@ func (w *wireError) err() error {
 // A nil recording records nothing.
 type recording struct {
 	reads []wireRead
+	bytes int // of the values in reads
 	whole bool
 	err   error
 }
 
 func (r *recording) reset(whole bool) {
 	if r != nil {
-		r.reads, r.whole, r.err = r.reads[:0], whole, nil
+		r.reads, r.bytes, r.whole, r.err = r.reads[:0], 0, whole, nil
+	}
+}
+
+// errChunkFull stops a served read that copied a chunk's bytes.
+var errChunkFull = errors.New("kv: more than a chunk to send")
+
+// each is the stream reader's Each for r: it keeps no event, and stops the
+// reader once ctx ended or r holds more than a chunk's bytes.
+func (r *recording) each(ctx context.Context) func(events.Envelope) error {
+	return func(events.Envelope) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if r.bytes > maxChunkBytes {
+			return errChunkFull
+		}
+		return nil
 	}
 }
 
@@ -323,13 +369,107 @@ func (r *recording) tee(id ulid.ULID, value []byte, earlier bool, problem error)
 		w.Key = append([]byte(nil), id[:]...)
 		if value != nil {
 			w.Value = append(make([]byte, 0, len(value)), value...) // the transaction's pages are not ours to keep
+			r.bytes += len(value)
 		}
 	}
 	r.reads = append(r.reads, w)
 }
 
-// handler answers the reader socket's requests with s's reads.
-type handler struct{ store *Store }
+// servedChunk is a streamSink for a served Load: it copies, undecoded,
+// what a layout hands it from position from on (each value and problem is
+// one position) until it holds more than limit bytes of values, and stops
+// there, at next; it stops, too, once ctx ended, and after stopAt's value
+// (the last key of a pinned read of a bucket per run, which holds the
+// values appended since as well).
+type servedChunk struct {
+	ctx         context.Context
+	from, limit int
+	stopAt      ulid.ULID
+
+	pos, bytes int
+	reads      []wireRead
+	full, done bool
+}
+
+func (c *servedChunk) Value(id ulid.ULID, sealed []byte) (events.Envelope, bool) {
+	if c.pos >= c.from {
+		c.reads = append(c.reads, wireRead{Key: append([]byte(nil), id[:]...), Value: append(make([]byte, 0, len(sealed)), sealed...)})
+		c.bytes += len(sealed)
+	}
+	c.pos++
+	c.full = c.bytes > c.limit
+	c.done = c.stopAt != (ulid.ULID{}) && id == c.stopAt
+	return events.Envelope{}, true
+}
+
+func (c *servedChunk) Problem(err error) {
+	if c.pos >= c.from {
+		c.reads = append(c.reads, wireRead{Problem: cmp.Or(err.Error(), "(a problem without text)")})
+	}
+	c.pos++
+}
+
+func (c *servedChunk) Stopped() bool { return c.full || c.done || c.ctx.Err() != nil }
+
+// serveLoad reads a chunk of runID's stream for a served Load: from the
+// position from, as of the index entry pin (nil: as the first chunk finds
+// it). It returns the chunk's reads, the position the next chunk starts
+// at (0: none), and the index entry the next chunks read by.
+func (s *Store) serveLoad(ctx context.Context, runID string, from int, pin *RunInfo) (reads []wireRead, next int, by *RunInfo, err error) {
+	if err := s.readable(ctx, runID); err != nil {
+		return nil, 0, nil, err
+	}
+	c := &servedChunk{ctx: ctx, from: from, limit: maxChunkBytes}
+	if _, ok := s.layout.(bucketLayout); ok && pin != nil {
+		c.stopAt = pin.LastID
+	}
+	by, err = s.readStream(runID, c, pin)
+	switch {
+	case err != nil:
+		return nil, 0, nil, fmt.Errorf("load run %q: %w", runID, err)
+	case ctx.Err() != nil:
+		return nil, 0, nil, ctx.Err()
+	case c.full:
+		next = c.pos
+	}
+	if pin != nil {
+		by = pin
+	}
+	return c.reads, next, by, nil
+}
+
+// handler answers the reader socket's requests with s's reads, at most
+// maxBigReads of runs' values at once.
+type handler struct {
+	store *Store
+	big   chan struct{} // a place per read of runs' values
+	reqs  chan struct{} // a place per request (not per connection: a kept-alive one holds none)
+}
+
+func newHandler(s *Store) *handler {
+	return &handler{store: s, big: make(chan struct{}, maxBigReads), reqs: make(chan struct{}, maxServedRequests)}
+}
+
+// bigRead waits for a place among the reads of runs' values; false when
+// ctx ended first.
+func (h *handler) bigRead(ctx context.Context) bool {
+	select {
+	case h.big <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (h *handler) bigDone() { <-h.big }
+
+// servedTimeout says a served read ended by ctx (err) as what it is.
+func servedTimeout(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("the writer's read took longer than the %v it allows one: %w", servedDeadline, err)
+	}
+	return fmt.Errorf("the writer stopped the read (it is closing the store): %w", err)
+}
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(protocolHeader, ProtocolVersion)
@@ -339,6 +479,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodGet || r.ContentLength != 0 {
 		http.Error(w, "kv: reader socket: only GET without a body", http.StatusMethodNotAllowed)
+		return
+	}
+	select {
+	case h.reqs <- struct{}{}:
+		defer func() { <-h.reqs }()
+	case <-time.After(busyWait):
+		http.Error(w, fmt.Sprintf("busy (%d readers)", maxServedRequests), http.StatusServiceUnavailable)
+		return
+	case <-r.Context().Done():
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), servedDeadline)
@@ -356,9 +505,30 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		info, err := s.Describe(ctx, runID)
 		rep.Info, rep.Err = &info, toWire(err)
 	case "/load":
-		rec := recording{whole: true}
-		s.read(ctx, runID, nil, &rec) // damage is in the reads
-		rep.Reads, rep.Whole, rep.Err = rec.reads, true, toWire(rec.err)
+		from, err := strconv.Atoi(cmp.Or(q.Get("from"), "0"))
+		if err != nil || from < 0 {
+			http.Error(w, "kv: reader socket: from is not a position", http.StatusBadRequest)
+			return
+		}
+		var pin *RunInfo
+		if q.Has("pin") {
+			n, nerr := strconv.Atoi(q.Get("pin"))
+			last, lerr := ulid.Parse(q.Get("last"))
+			if nerr != nil || lerr != nil || n < 0 {
+				http.Error(w, "kv: reader socket: pin is not a count and last a ULID", http.StatusBadRequest)
+				return
+			}
+			pin = &RunInfo{Events: n, LastID: last}
+		}
+		if !h.bigRead(ctx) {
+			break
+		}
+		reads, next, by, err := s.serveLoad(ctx, runID, from, pin) // damage is in the reads
+		h.bigDone()
+		rep.Reads, rep.Next, rep.Err = reads, next, toWire(err)
+		if by != nil && next > 0 {
+			rep.Pin = &wirePin{Events: by.Events, Last: by.LastID[:]}
+		}
 	case "/after":
 		seen, err := strconv.Atoi(q.Get("seen"))
 		if err != nil {
@@ -370,12 +540,19 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "kv: reader socket: last is not a ULID", http.StatusBadRequest)
 			return
 		}
+		if !h.bigRead(ctx) {
+			break
+		}
 		var rec recording
-		s.loadAfter(ctx, runID, seen, last, &rec) // the reader cuts a whole stream as it does (StreamAfter)
+		s.loadAfter(ctx, runID, seen, last, &rec) // past a chunk's bytes, the reader reads the whole stream in chunks
+		h.bigDone()
 		rep.Reads, rep.Whole, rep.Err = rec.reads, rec.whole, toWire(rec.err)
 	default:
 		http.Error(w, fmt.Sprintf("kv: reader socket: no %s", r.URL.Path), http.StatusNotFound)
 		return
+	}
+	if err := ctx.Err(); err != nil {
+		rep = wireReply{Err: toWire(servedTimeout(err))}
 	}
 	body, err := msgpack.Marshal(&rep) // copied, then sent: no read transaction waits on the reader
 	if err != nil {
