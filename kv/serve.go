@@ -33,9 +33,12 @@ const ProtocolVersion = "2"
 const protocolHeader = "Polyloop-Kv-Protocol"
 
 // Limits of the served reads: they must not hurt the writer.
+// maxChunkBytes bounds the values copied for one reply (and one value
+// more); a variable so that a test can serve a small run in many chunks.
+var maxChunkBytes = 4 << 20
+
 const (
-	maxChunkBytes = 4 << 20 // values copied for one reply (and one value more)
-	maxBigReads   = 2       // reads of runs' values served at once; more wait
+	maxBigReads = 2 // reads of runs' values served at once; more wait
 
 	maxServedRequests = 16  // requests served at once; more wait busyWait, then are refused as busy
 	maxServedConns    = 256 // connections open at once, idle ones included; more wait to be accepted
