@@ -178,8 +178,11 @@
 // than the 107 bytes a socket address holds, a file that is not a socket
 // in its place, the listen's failure) — none of which fails Open. A
 // socket left by a writer that was killed is replaced by the next writer,
-// which holds the file's exclusive lock. Close stops the listener, ends
-// its connections and removes the socket. A writer that stops answering
+// which holds the file's exclusive lock. Close first cancels the served
+// reads and waits for them (requests that come meanwhile are answered
+// that the writer is closing, and a Reader then waits for the file's
+// lock), then stops the listener, ends its connections and removes the
+// socket, and only then closes the file. A writer that stops answering
 // in the middle of a read (killed) fails that read with ErrWriterGone;
 // the file is then no longer held, and a Reader's next read opens it.
 //

@@ -179,25 +179,43 @@ func (r *Reader) acquire() (reads, func(), error) {
 
 // connect dials the file's writer, or, when none answers, opens the file;
 // when that finds the file held for writing, it dials again (a writer
-// that was starting).
+// that was starting). A writer that is closing the store answers so, and
+// gives the file up soon: the file is opened, waiting for its lock. When
+// the lock wait fails and no socket answers, the writer may have closed
+// it meanwhile (a served read kept the file open a moment longer): the
+// file is opened once more before a cause is named.
 func (r *Reader) connect() (*Store, *Remote, error) {
-	if remote, err := Dial(r.path); err == nil {
-		return nil, remote, nil
-	} else if !errors.Is(err, errNoSocket) {
-		return nil, nil, err
+	closing := false
+	for again := false; ; again = true {
+		remote, err := Dial(r.path)
+		switch {
+		case err == nil:
+			return nil, remote, nil
+		case errors.Is(err, ErrWriterGone):
+			closing = true
+		case !errors.Is(err, errNoSocket):
+			return nil, nil, err
+		}
+		file, err := Open(r.path, r.o)
+		if !errors.Is(err, ErrLocked) {
+			return file, nil, err
+		}
+		remote, derr := Dial(r.path)
+		switch {
+		case derr == nil:
+			return nil, remote, nil
+		case errors.Is(derr, ErrWriterGone), closing:
+			if again {
+				return nil, nil, fmt.Errorf("%w; the process writing it is closing it: try again once it has", err)
+			}
+		case errors.Is(derr, errNoSocket):
+			if again {
+				return nil, nil, fmt.Errorf("%w; and it does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one): %v", err, derr)
+			}
+		default:
+			return nil, nil, fmt.Errorf("%w; its socket: %w", err, derr)
+		}
 	}
-	file, err := Open(r.path, r.o)
-	if !errors.Is(err, ErrLocked) {
-		return file, nil, err
-	}
-	remote, derr := Dial(r.path)
-	if derr == nil {
-		return nil, remote, nil
-	}
-	if errors.Is(derr, errNoSocket) {
-		return nil, nil, fmt.Errorf("%w; and it does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one): %v", err, derr)
-	}
-	return nil, nil, fmt.Errorf("%w; its socket: %w", err, derr)
 }
 
 // release ends a read of the file: the last one closes it when it was

@@ -1,0 +1,84 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestCloseStopsTheServedReadsFirst: Close with a served read in progress
+// cancels that read and waits for it before the file closes, and a Reader
+// that reads meanwhile gets a clear error (the writer is closing), never a
+// guess that the writer does not serve readers; once Close returned, the
+// Reader reads the file.
+func TestCloseStopsTheServedReadsFirst(t *testing.T) {
+	ctx := context.Background()
+	defer func(was int) { maxChunkBytes = was }(maxChunkBytes)
+	maxChunkBytes = 1 << 10
+	path := filepath.Join(shortDir(t), "s.db")
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := bigRun(t, s, 8, 4<<10)
+
+	started, cancelled, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	servedValueHook = func(ctx context.Context) {
+		once.Do(func() {
+			close(started)
+			select {
+			case <-ctx.Done():
+				close(cancelled)
+			case <-time.After(10 * time.Second):
+				t.Error("the served read's context was not cancelled while Close waited for it")
+			}
+			<-release
+		})
+	}
+	defer func() { servedValueHook = nil }()
+
+	served, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer served.Close()
+	readDone := make(chan error, 1)
+	go func() { _, err := served.Load(ctx, run); readDone <- err }()
+	<-started
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	<-cancelled
+
+	// The served read holds its transaction (the hook): the file is still
+	// held. A Reader now must say the writer is closing, not guess.
+	_, rerr := OpenReader(path, Options{LockTimeout: 50 * time.Millisecond})
+	t.Logf("a Reader during Close: %v", rerr)
+	if rerr == nil || strings.Contains(rerr.Error(), "NoServe") || !strings.Contains(rerr.Error(), "closing") {
+		t.Errorf("a Reader during Close: %v; want an error saying the writer is closing the store", rerr)
+	}
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a served read was still in progress", err)
+	default:
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-readDone; err == nil || !errors.Is(err, ErrWriterGone) {
+		t.Errorf("the read Close stopped: %v; want ErrWriterGone", err)
+	}
+	r, err := OpenReader(path, Options{LockTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("a Reader after Close: %v", err)
+	}
+	defer r.Close()
+	if got, err := r.Load(ctx, run); err != nil || len(got) != 17 {
+		t.Errorf("Load after Close: %d events, %v", len(got), err)
+	}
+}
