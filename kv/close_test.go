@@ -3,6 +3,8 @@ package kv
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -80,5 +82,28 @@ func TestCloseStopsTheServedReadsFirst(t *testing.T) {
 	defer r.Close()
 	if got, err := r.Load(ctx, run); err != nil || len(got) != 17 {
 		t.Errorf("Load after Close: %d events, %v", len(got), err)
+	}
+}
+
+// TestARelativeStorePathServesAnAbsoluteSocket: a store opened by a
+// relative path listens on its socket's absolute path, and Close removes
+// that socket even when the working directory changed meanwhile.
+func TestARelativeStorePathServesAnAbsoluteSocket(t *testing.T) {
+	dir := shortDir(t)
+	t.Chdir(dir)
+	s, err := Open("s.db", Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, err := s.Serving()
+	if err != nil || sock != filepath.Join(dir, "s.db.sock") {
+		t.Errorf("Serving: %q, %v; want %q", sock, err, filepath.Join(dir, "s.db.sock"))
+	}
+	t.Chdir(t.TempDir())
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "s.db.sock")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the socket is left after Close: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -77,7 +78,8 @@ var (
 // ".sock" added.
 func SocketPath(path string) string { return path + ".sock" }
 
-// Serving returns the socket a read-write Store answers readers on, or an
+// Serving returns the socket a read-write Store answers readers on (an
+// absolute path: SocketPath of the store's absolute path), or an
 // error wrapping ErrNotServed that says why it does not: opened read-only,
 // Options.NoServe, a socket path too long for a Unix socket's address, or
 // the listen's own failure. Open never fails for it.
@@ -103,6 +105,9 @@ func (s *Store) serve(o Options) {
 		s.serveErr = fmt.Errorf("%w: %s", ErrNotServed, fmt.Sprintf(format, a...))
 	}
 	sock := SocketPath(s.path)
+	if abs, err := filepath.Abs(sock); err == nil {
+		sock = abs // removed at Close, whatever the working directory is then
+	}
 	switch {
 	case s.readOnly:
 		why("%s is opened read-only", s.path)
