@@ -3,7 +3,9 @@ package kv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,5 +107,47 @@ func TestARelativeStorePathServesAnAbsoluteSocket(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "s.db.sock")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the socket is left after Close: %v", err)
+	}
+}
+
+// TestWhyAReaderOfAHeldFileIsRefused: a Reader of a file held by a writer
+// that does not answer on its socket says why, naming the file once, with
+// no package prefix inside, and no guess where the cause is known.
+func TestWhyAReaderOfAHeldFileIsRefused(t *testing.T) {
+	dir := shortDir(t)
+	long := filepath.Join(dir, strings.Repeat("d", 100))
+	if err := os.Mkdir(long, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, "stale.db")
+	for _, c := range []struct {
+		name, path string
+		before     func()
+		want       string
+	}{
+		{"no socket", filepath.Join(dir, "off.db"), func() {},
+			"; and it does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket)"},
+		{"a path too long", filepath.Join(long, "s.db"), func() {},
+			fmt.Sprintf("; and it cannot answer readers: its socket's path is too long for a Unix socket (%d bytes, limit 107; move the store to a shorter path)", len(filepath.Join(long, "s.db.sock")))},
+		{"a socket nobody listens on", stale, func() {
+			l, err := net.Listen("unix", stale+".sock")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			l.Close()
+		}, "; and it does not answer readers on its socket: connection refused"},
+	} {
+		w, err := Open(c.path, Options{NoServe: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.before()
+		_, err = OpenReader(c.path, Options{LockTimeout: 20 * time.Millisecond})
+		w.Close()
+		want := fmt.Sprintf("kv: store file is locked by this process: %s is already open in it (close that kv.Store first)", c.path) + c.want
+		if err == nil || err.Error() != want || !errors.Is(err, ErrLocked) {
+			t.Errorf("%s:\n  got  %v\n  want %s", c.name, err, want)
+		}
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -210,11 +213,41 @@ func (r *Reader) connect() (*Store, *Remote, error) {
 			}
 		case errors.Is(derr, errNoSocket):
 			if again {
-				return nil, nil, fmt.Errorf("%w; and it does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one): %v", err, derr)
+				return nil, nil, fmt.Errorf("%w; and it %s", err, unanswered(SocketPath(r.path), derr))
 			}
 		default:
-			return nil, nil, fmt.Errorf("%w; its socket: %w", err, derr)
+			return nil, nil, fmt.Errorf("%w; its socket: %s", err, strings.TrimPrefix(derr.Error(), "kv: "))
 		}
+	}
+}
+
+// unanswered says why nothing answers on sock (derr, Dial's error wrapping
+// errNoSocket), after "it" (the writer holding the file).
+func unanswered(sock string, derr error) string {
+	abs, err := filepath.Abs(sock)
+	if err != nil {
+		abs = sock
+	}
+	var de *dialError
+	switch {
+	case len(abs) > maxSocketPath:
+		return fmt.Sprintf("cannot answer readers: its socket's path is too long for a Unix socket (%d bytes, limit %d; move the store to a shorter path)", len(abs), maxSocketPath)
+	case errors.As(derr, &de) && errors.Is(de, fs.ErrNotExist):
+		return "does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket)"
+	case errors.As(derr, &de):
+		return fmt.Sprintf("does not answer readers on its socket: %v", osCause(de))
+	}
+	return fmt.Sprintf("does not answer readers on its socket: %v", derr)
+}
+
+// osCause is the innermost error in err: the operating system's reason.
+func osCause(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
 	}
 }
 

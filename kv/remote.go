@@ -98,7 +98,7 @@ func Dial(path string) (*Remote, error) {
 		tr.CloseIdleConnections()
 		var de *dialError
 		if errors.As(err, &de) {
-			return nil, fmt.Errorf("%w (%s: %v)", errNoSocket, sock, de.err)
+			return nil, fmt.Errorf("%w (%s: %w)", errNoSocket, sock, de)
 		}
 		return nil, err
 	}

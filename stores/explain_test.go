@@ -86,7 +86,7 @@ func TestExplainSaysEachCauseOnceNamingTheStoreOnce(t *testing.T) {
 			return err
 		}
 	}
-	const noSocket = ", which does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one)"
+	const noSocket = ", which does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket)"
 	cases := []struct {
 		name   string
 		target string
