@@ -150,7 +150,11 @@
 // quarter of a second at most, then a pause in which a waiting writer
 // takes the lock), and while a process holds the file for writing reads
 // go through its socket instead. A long-lived reader (a viewer, a follower
-// of a run) thus never keeps an agent from opening its file. The socket
+// of a run) thus holds the file only while one read lasts: a writer that
+// starts meanwhile waits for it up to its Options.LockTimeout
+// (DefaultLockTimeout when zero), and a single read of a large run can
+// hold the file longer than that, so an agent whose runs are large wants
+// a longer LockTimeout. The socket
 // speaks HTTP/1.1 with msgpack bodies, versioned (ProtocolVersion;
 // ErrProtocolVersion when writer and reader differ). The writer reads in
 // its own read transactions, which see committed transactions only

@@ -28,13 +28,16 @@ const (
 )
 
 // A Reader reads a store file whether or not another process writes it,
-// without keeping that process from opening it: each read opens the file
+// holding the file only while one read lasts: each read opens the file
 // read-only (a Store, Options.ReadOnly) and closes it soon after (reads
 // that follow each other closely share one opening, for at most a quarter
 // of a second); when a process holds the file for writing, reads go to
 // its reader socket (a Remote) instead, until it stops answering. So a
 // long-lived reader — a viewer, a follower of a run — lets an agent start
-// after it, and reads that agent's events live. Writes are refused with
+// after it, and reads that agent's events live; an agent that starts
+// during a read waits for the file up to its Options.LockTimeout (a single
+// read of a large run can take longer than DefaultLockTimeout: give such
+// an agent a longer LockTimeout). Writes are refused with
 // ErrReadOnly. Safe for concurrent use.
 //
 // A writer that stops answering in the middle of a read (killed) makes
