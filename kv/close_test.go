@@ -74,8 +74,8 @@ func TestCloseStopsTheServedReadsFirst(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if err := <-readDone; err == nil || !errors.Is(err, ErrWriterGone) {
-		t.Errorf("the read Close stopped: %v; want ErrWriterGone", err)
+	if err := <-readDone; err == nil || !errors.Is(err, ErrWriterGone) || err.Error() != path+`: load run "big": the process writing it stopped the read: it is closing the store; the file can be read directly once it has` {
+		t.Errorf("the read Close stopped: %v; want ErrWriterGone saying the writer is closing the store", err)
 	}
 	r, err := OpenReader(path, Options{LockTimeout: 50 * time.Millisecond})
 	if err != nil {
@@ -147,6 +147,49 @@ func TestWhyAReaderOfAHeldFileIsRefused(t *testing.T) {
 		w.Close()
 		want := fmt.Sprintf("kv: store file is locked by this process: %s is already open in it (close that kv.Store first)", c.path) + c.want
 		if err == nil || err.Error() != want || !errors.Is(err, ErrLocked) {
+			t.Errorf("%s:\n  got  %v\n  want %s", c.name, err, want)
+		}
+	}
+}
+
+// TestWhatARemoteSaysWhenItsWriterStops: a Remote whose writer stopped
+// says so naming the file once, without a package prefix (a command
+// prints it after its own name), and why: the socket gone (the writer
+// closed the store), the socket refusing connections (killed).
+func TestWhatARemoteSaysWhenItsWriterStops(t *testing.T) {
+	ctx := context.Background()
+	dir := shortDir(t)
+	for _, c := range []struct {
+		name  string
+		after func(path string)
+		want  string
+	}{
+		{"the socket is gone", func(string) {},
+			": list runs: the process writing it stopped answering (its socket is gone: it closed the store); the file can be read directly now"},
+		{"the socket refuses", func(path string) {
+			l, err := net.Listen("unix", SocketPath(path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			l.Close()
+		}, ": list runs: the process writing it stopped answering (its socket refuses connections: it was killed); the file can be read directly now"},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".db")
+		w, err := Open(path, Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Dial(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.client.CloseIdleConnections()
+		w.Close()
+		c.after(path)
+		_, err = r.Runs(ctx)
+		r.Close()
+		if want := path + c.want; err == nil || err.Error() != want || !errors.Is(err, ErrWriterGone) {
 			t.Errorf("%s:\n  got  %v\n  want %s", c.name, err, want)
 		}
 	}

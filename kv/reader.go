@@ -219,10 +219,20 @@ func (r *Reader) connect() (*Store, *Remote, error) {
 				return nil, nil, fmt.Errorf("%w; and it %s", err, unanswered(SocketPath(r.path), derr))
 			}
 		default:
-			return nil, nil, fmt.Errorf("%w; its socket: %s", err, strings.TrimPrefix(derr.Error(), "kv: "))
+			return nil, nil, &socketError{fmt.Sprintf("%v; its socket: %s", err, strings.TrimPrefix(derr.Error(), "kv: ")), err, derr}
 		}
 	}
 }
+
+// socketError is a file held for writing (err, ErrLocked) whose socket
+// refused a reader (derr); its text has no package prefix inside.
+type socketError struct {
+	msg       string
+	err, derr error
+}
+
+func (e *socketError) Error() string   { return e.msg }
+func (e *socketError) Unwrap() []error { return []error{e.err, e.derr} }
 
 // unanswered says why nothing answers on sock (derr, Dial's error wrapping
 // errNoSocket), after "it" (the writer holding the file).

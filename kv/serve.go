@@ -547,8 +547,15 @@ func servedTimeout(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("the writer's read took longer than the %v it allows one: %w", servedDeadline, err)
 	}
-	return fmt.Errorf("%w: it is closing the store: %w", ErrWriterGone, err)
+	return &closingError{err}
 }
+
+// closingError: the writer stopped a served read because it is closing
+// the store (ErrWriterGone to the reader).
+type closingError struct{ err error }
+
+func (e *closingError) Error() string   { return "the writer stopped the read: it is closing the store" }
+func (e *closingError) Unwrap() []error { return []error{ErrWriterGone, e.err} }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(protocolHeader, ProtocolVersion)
