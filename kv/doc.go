@@ -150,7 +150,11 @@
 // quarter of a second at most, then a pause in which a waiting writer
 // takes the lock), and while a process holds the file for writing reads
 // go through its socket instead. A long-lived reader (a viewer, a follower
-// of a run) thus never keeps an agent from opening its file. The socket
+// of a run) thus holds the file only while one read lasts: a writer that
+// starts meanwhile waits for it up to its Options.LockTimeout
+// (DefaultLockTimeout when zero), and a single read of a large run can
+// hold the file longer than that, so an agent whose runs are large wants
+// a longer LockTimeout. The socket
 // speaks HTTP/1.1 with msgpack bodies, versioned (ProtocolVersion;
 // ErrProtocolVersion when writer and reader differ). The writer reads in
 // its own read transactions, which see committed transactions only
@@ -178,8 +182,11 @@
 // than the 107 bytes a socket address holds, a file that is not a socket
 // in its place, the listen's failure) — none of which fails Open. A
 // socket left by a writer that was killed is replaced by the next writer,
-// which holds the file's exclusive lock. Close stops the listener, ends
-// its connections and removes the socket. A writer that stops answering
+// which holds the file's exclusive lock. Close first cancels the served
+// reads and waits for them (requests that come meanwhile are answered
+// that the writer is closing, and a Reader then waits for the file's
+// lock), then stops the listener, ends its connections and removes the
+// socket, and only then closes the file. A writer that stops answering
 // in the middle of a read (killed) fails that read with ErrWriterGone;
 // the file is then no longer held, and a Reader's next read opens it.
 //

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,13 +28,16 @@ const (
 )
 
 // A Reader reads a store file whether or not another process writes it,
-// without keeping that process from opening it: each read opens the file
+// holding the file only while one read lasts: each read opens the file
 // read-only (a Store, Options.ReadOnly) and closes it soon after (reads
 // that follow each other closely share one opening, for at most a quarter
 // of a second); when a process holds the file for writing, reads go to
 // its reader socket (a Remote) instead, until it stops answering. So a
 // long-lived reader — a viewer, a follower of a run — lets an agent start
-// after it, and reads that agent's events live. Writes are refused with
+// after it, and reads that agent's events live; an agent that starts
+// during a read waits for the file up to its Options.LockTimeout (a single
+// read of a large run can take longer than DefaultLockTimeout: give such
+// an agent a longer LockTimeout). Writes are refused with
 // ErrReadOnly. Safe for concurrent use.
 //
 // A writer that stops answering in the middle of a read (killed) makes
@@ -179,25 +185,83 @@ func (r *Reader) acquire() (reads, func(), error) {
 
 // connect dials the file's writer, or, when none answers, opens the file;
 // when that finds the file held for writing, it dials again (a writer
-// that was starting).
+// that was starting). A writer that is closing the store answers so, and
+// gives the file up soon: the file is opened, waiting for its lock. When
+// the lock wait fails and no socket answers, the writer may have closed
+// it meanwhile (a served read kept the file open a moment longer): the
+// file is opened once more before a cause is named.
 func (r *Reader) connect() (*Store, *Remote, error) {
-	if remote, err := Dial(r.path); err == nil {
-		return nil, remote, nil
-	} else if !errors.Is(err, errNoSocket) {
-		return nil, nil, err
+	closing := false
+	for again := false; ; again = true {
+		remote, err := Dial(r.path)
+		switch {
+		case err == nil:
+			return nil, remote, nil
+		case errors.Is(err, ErrWriterGone):
+			closing = true
+		case !errors.Is(err, errNoSocket):
+			return nil, nil, err
+		}
+		file, err := Open(r.path, r.o)
+		if !errors.Is(err, ErrLocked) {
+			return file, nil, err
+		}
+		remote, derr := Dial(r.path)
+		switch {
+		case derr == nil:
+			return nil, remote, nil
+		case errors.Is(derr, ErrWriterGone), closing:
+			if again {
+				return nil, nil, fmt.Errorf("%w; the process writing it is closing it: try again once it has", err)
+			}
+		case errors.Is(derr, errNoSocket):
+			if again {
+				return nil, nil, fmt.Errorf("%w; and it %s", err, unanswered(SocketPath(r.path), derr))
+			}
+		default:
+			return nil, nil, &socketError{fmt.Sprintf("%v; its socket: %s", err, strings.TrimPrefix(derr.Error(), "kv: ")), err, derr}
+		}
 	}
-	file, err := Open(r.path, r.o)
-	if !errors.Is(err, ErrLocked) {
-		return file, nil, err
+}
+
+// socketError is a file held for writing (err, ErrLocked) whose socket
+// refused a reader (derr); its text has no package prefix inside.
+type socketError struct {
+	msg       string
+	err, derr error
+}
+
+func (e *socketError) Error() string   { return e.msg }
+func (e *socketError) Unwrap() []error { return []error{e.err, e.derr} }
+
+// unanswered says why nothing answers on sock (derr, Dial's error wrapping
+// errNoSocket), after "it" (the writer holding the file).
+func unanswered(sock string, derr error) string {
+	abs, err := filepath.Abs(sock)
+	if err != nil {
+		abs = sock
 	}
-	remote, derr := Dial(r.path)
-	if derr == nil {
-		return nil, remote, nil
+	var de *dialError
+	switch {
+	case len(abs) > maxSocketPath:
+		return fmt.Sprintf("cannot answer readers: its socket's path is too long for a Unix socket (%d bytes, limit %d; move the store to a shorter path)", len(abs), maxSocketPath)
+	case errors.As(derr, &de) && errors.Is(de, fs.ErrNotExist):
+		return "does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket)"
+	case errors.As(derr, &de):
+		return fmt.Sprintf("does not answer readers on its socket: %v", osCause(de))
 	}
-	if errors.Is(derr, errNoSocket) {
-		return nil, nil, fmt.Errorf("%w; and it does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one): %v", err, derr)
+	return fmt.Sprintf("does not answer readers on its socket: %v", derr)
+}
+
+// osCause is the innermost error in err: the operating system's reason.
+func osCause(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
 	}
-	return nil, nil, fmt.Errorf("%w; its socket: %w", err, derr)
 }
 
 // release ends a read of the file: the last one closes it when it was

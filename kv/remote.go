@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -98,7 +99,7 @@ func Dial(path string) (*Remote, error) {
 		tr.CloseIdleConnections()
 		var de *dialError
 		if errors.As(err, &de) {
-			return nil, fmt.Errorf("%w (%s: %v)", errNoSocket, sock, de.err)
+			return nil, fmt.Errorf("%w (%s: %w)", errNoSocket, sock, de)
 		}
 		return nil, err
 	}
@@ -154,25 +155,26 @@ func (r *Remote) gone(what string, err error) error {
 	var de *dialError
 	switch {
 	case errors.As(err, &de) && errors.Is(de.err, fs.ErrNotExist):
-		return &goneError{fmt.Errorf("%w: %s: %s: its socket is gone (it closed the store); the file can be read directly now",
-			ErrWriterGone, r.path, what), true}
+		return &goneError{fmt.Sprintf("%s: %s: the process writing it stopped answering (its socket is gone: it closed the store); the file can be read directly now",
+			r.path, what), err, true}
 	case errors.As(err, &de):
-		return &goneError{fmt.Errorf("%w: %s: %s: its socket %s refuses connections (the writer was killed); the file can be read directly now",
-			ErrWriterGone, r.path, what, r.socket), true}
+		return &goneError{fmt.Sprintf("%s: %s: the process writing it stopped answering (its socket refuses connections: it was killed); the file can be read directly now",
+			r.path, what), err, true}
 	}
-	return &goneError{fmt.Errorf("%w: %s: %s: %v (the writer was killed, or closed the store, in the middle of the read); the file can be read directly now",
-		ErrWriterGone, r.path, what, err), false}
+	return &goneError{fmt.Sprintf("%s: %s: the process writing it stopped answering in the middle of the read (%v: it was killed, or closed the store); the file can be read directly now",
+		r.path, what, osCause(err)), err, false}
 }
 
-// goneError is ErrWriterGone's error, unsent when the request never
-// reached a writer.
+// goneError is ErrWriterGone's error (and its cause's), unsent when the
+// request never reached a writer or the writer did not read for it.
 type goneError struct {
-	err    error
+	msg    string
+	cause  error
 	unsent bool
 }
 
-func (e *goneError) Error() string { return e.err.Error() }
-func (e *goneError) Unwrap() error { return e.err }
+func (e *goneError) Error() string   { return e.msg }
+func (e *goneError) Unwrap() []error { return []error{ErrWriterGone, e.cause} }
 
 // get asks the writer for path with query q and decodes its reply.
 func (r *Remote) get(ctx context.Context, what, path string, q url.Values, rep *wireReply) error {
@@ -208,22 +210,26 @@ func (r *Remote) get(ctx context.Context, what, path string, q url.Values, rep *
 	case err != nil:
 		return r.gone(what, err)
 	case len(body) > maxReplyBytes:
-		return fmt.Errorf("kv: %s: %s: the writer's reply is more than %d bytes", r.path, what, maxReplyBytes)
+		return fmt.Errorf("%s: %s: the writer's reply is more than %d bytes", r.path, what, maxReplyBytes)
 	}
 	if v := resp.Header.Get(protocolHeader); v != ProtocolVersion {
 		return fmt.Errorf("%w: the process writing %s speaks reader protocol %q, this reader %q (use a polyloop of the writer's version, or stop the writer to read the file directly)",
 			ErrProtocolVersion, r.path, v, ProtocolVersion)
 	}
 	if resp.StatusCode == http.StatusServiceUnavailable {
-		return fmt.Errorf("%s: the writer's reader socket %s is %s; try again", what, r.socket, bytes.TrimSpace(body))
+		return fmt.Errorf("%s: %s: the writer is %s; try again", r.path, what, bytes.TrimSpace(body))
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("kv: %s: %s: the writer refused the request: %s", r.path, what, bytes.TrimSpace(body))
+		return fmt.Errorf("%s: %s: the writer refused the request: %s", r.path, what, unprefixed(bytes.TrimSpace(body)))
 	}
 	if err := msgpack.Unmarshal(body, rep); err != nil {
-		return fmt.Errorf("kv: %s: %s: the writer's reply does not decode: %w", r.path, what, err)
+		return fmt.Errorf("%s: %s: the writer's reply does not decode: %w", r.path, what, err)
 	}
-	return rep.Err.err()
+	err = rep.Err.err()
+	if errors.Is(err, ErrWriterGone) { // it is closing the store: it read nothing
+		return &goneError{fmt.Sprintf("%s: %s: the process writing it stopped the read: it is closing the store; the file can be read directly once it has", r.path, what), err, true}
+	}
+	return err
 }
 
 // Path is the file the writer serves.
@@ -265,7 +271,7 @@ func (r *Remote) Describe(ctx context.Context, runID string) (RunInfo, error) {
 		return RunInfo{}, err
 	}
 	if rep.Info == nil {
-		return RunInfo{}, fmt.Errorf("kv: %s: describe run %q: the writer's reply holds no entry", r.path, clip(runID, 80))
+		return RunInfo{}, fmt.Errorf("%s: describe run %q: the writer's reply holds no entry", r.path, clip(runID, 80))
 	}
 	return *rep.Info, nil
 }
@@ -376,3 +382,6 @@ func hand(r *events.StreamReader, reads []wireRead) {
 		}
 	}
 }
+
+// unprefixed is a refusal's text without the "kv: " its writer put first.
+func unprefixed(body []byte) string { return strings.TrimPrefix(string(body), "kv: ") }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -43,9 +44,10 @@ const (
 	maxServedRequests = 16  // requests served at once; more wait busyWait, then are refused as busy
 	maxServedConns    = 256 // connections open at once, idle ones included; more wait to be accepted
 	busyWait          = 2 * time.Second
-	servedDeadline    = 30 * time.Second // a request's read and its response's write
-	maxRequestBytes   = 8 << 10          // a request's header (its body is refused)
-	servedIdle        = 5 * time.Second  // how long an idle connection is kept
+	servedDeadline    = 30 * time.Second       // a request's read and its response's write
+	maxRequestBytes   = 8 << 10                // a request's header (its body is refused)
+	servedIdle        = 5 * time.Second        // how long an idle connection is kept
+	stopGrace         = 500 * time.Millisecond // Close's wait for the replies of stopped reads to be sent
 )
 
 // maxSocketPath is the longest socket path the system's sockaddr_un holds
@@ -76,7 +78,8 @@ var (
 // ".sock" added.
 func SocketPath(path string) string { return path + ".sock" }
 
-// Serving returns the socket a read-write Store answers readers on, or an
+// Serving returns the socket a read-write Store answers readers on (an
+// absolute path: SocketPath of the store's absolute path), or an
 // error wrapping ErrNotServed that says why it does not: opened read-only,
 // Options.NoServe, a socket path too long for a Unix socket's address, or
 // the listen's own failure. Open never fails for it.
@@ -89,9 +92,11 @@ func (s *Store) Serving() (socket string, err error) {
 
 // server is a Store's reader socket: a listener and the HTTP server on it.
 type server struct {
-	path string
-	srv  *http.Server
-	done chan struct{} // closed when Serve returned
+	path    string
+	srv     *http.Server
+	handler *handler
+	cancel  context.CancelFunc // ends every served read's context
+	done    chan struct{}      // closed when Serve returned
 }
 
 // serve starts s's reader socket, or records in s.serveErr why not.
@@ -100,6 +105,9 @@ func (s *Store) serve(o Options) {
 		s.serveErr = fmt.Errorf("%w: %s", ErrNotServed, fmt.Sprintf(format, a...))
 	}
 	sock := SocketPath(s.path)
+	if abs, err := filepath.Abs(sock); err == nil {
+		sock = abs // removed at Close, whatever the working directory is then
+	}
 	switch {
 	case s.readOnly:
 		why("%s is opened read-only", s.path)
@@ -132,9 +140,11 @@ func (s *Store) serve(o Options) {
 		why("listen on %s: %v", sock, err)
 		return
 	}
-	sv := &server{path: sock, done: make(chan struct{})}
+	base, cancel := context.WithCancel(context.Background())
+	sv := &server{path: sock, handler: newHandler(s), cancel: cancel, done: make(chan struct{})}
 	sv.srv = &http.Server{
-		Handler:           newHandler(s),
+		Handler:           sv.handler,
+		BaseContext:       func(net.Listener) context.Context { return base },
 		ReadHeaderTimeout: servedDeadline,
 		ReadTimeout:       servedDeadline,
 		WriteTimeout:      servedDeadline,
@@ -163,10 +173,21 @@ func listenSocket(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// stop closes the reader socket: the listener, every connection, the
-// socket file. Reads in progress end with their connection.
+// stop closes the reader socket, before the store's file closes: it
+// cancels the served reads (they check their context at each value) and
+// waits for them, so that no read transaction keeps the file open, while
+// requests that come meanwhile are answered that the writer is closing;
+// then, after a short grace for the replies to be sent, it closes the
+// listener (which removes the socket file) and every connection.
 func (sv *server) stop() {
-	sv.srv.Close() // closes the listener (which removes the socket file) and the connections
+	sv.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	defer cancel()
+	sv.handler.drain(ctx)
+	if sv.srv.Shutdown(ctx) != nil {
+		sv.srv.Close() // a reader that does not take its reply: end its connection
+	}
+	sv.handler.drain(nil) // the handlers' writes end with their connections
 	<-sv.done
 	os.Remove(sv.path) // in case the listener did not (it removes only what it created)
 }
@@ -269,6 +290,7 @@ var wireKinds = []struct {
 	{"no_run", seams.ErrNoRun},
 	{"stream_changed", seams.ErrStreamChanged},
 	{"closed", ErrClosed},
+	{"writer_gone", ErrWriterGone},
 	{"deadline", context.DeadlineExceeded},
 	{"canceled", context.Canceled},
 }
@@ -394,7 +416,14 @@ type servedChunk struct {
 	full, done bool
 }
 
+// servedValueHook, when set (by tests), is called with a served Load's
+// context for each value it copies.
+var servedValueHook func(context.Context)
+
 func (c *servedChunk) Value(id ulid.ULID, sealed []byte) (events.Envelope, bool) {
+	if servedValueHook != nil {
+		servedValueHook(c.ctx)
+	}
 	if c.pos >= c.from {
 		c.reads = append(c.reads, wireRead{Key: append([]byte(nil), id[:]...), Value: append(make([]byte, 0, len(sealed)), sealed...)})
 		c.bytes += len(sealed)
@@ -447,10 +476,57 @@ type handler struct {
 	store *Store
 	big   chan struct{} // a place per read of runs' values
 	reqs  chan struct{} // a place per request (not per connection: a kept-alive one holds none)
+
+	mu      sync.Mutex
+	active  int           // requests being answered
+	closing bool          // the store is closing: no request is answered
+	idle    chan struct{} // closed once closing and no request is answered
 }
 
 func newHandler(s *Store) *handler {
-	return &handler{store: s, big: make(chan struct{}, maxBigReads), reqs: make(chan struct{}, maxServedRequests)}
+	return &handler{store: s, big: make(chan struct{}, maxBigReads), reqs: make(chan struct{}, maxServedRequests), idle: make(chan struct{})}
+}
+
+// enter counts a request in, unless the store is closing (false).
+func (h *handler) enter() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return false
+	}
+	h.active++
+	return true
+}
+
+// leave counts a request out.
+func (h *handler) leave() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.active--
+	if h.closing && h.active == 0 {
+		close(h.idle)
+	}
+}
+
+// drain refuses the requests to come and waits for those being answered
+// to end, or for ctx (nil: no bound).
+func (h *handler) drain(ctx context.Context) {
+	h.mu.Lock()
+	if !h.closing {
+		h.closing = true
+		if h.active == 0 {
+			close(h.idle)
+		}
+	}
+	h.mu.Unlock()
+	if ctx == nil {
+		<-h.idle
+		return
+	}
+	select {
+	case <-h.idle:
+	case <-ctx.Done():
+	}
 }
 
 // bigRead waits for a place among the reads of runs' values; false when
@@ -471,8 +547,15 @@ func servedTimeout(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("the writer's read took longer than the %v it allows one: %w", servedDeadline, err)
 	}
-	return fmt.Errorf("the writer stopped the read (it is closing the store): %w", err)
+	return &closingError{err}
 }
+
+// closingError: the writer stopped a served read because it is closing
+// the store (ErrWriterGone to the reader).
+type closingError struct{ err error }
+
+func (e *closingError) Error() string   { return "the writer stopped the read: it is closing the store" }
+func (e *closingError) Unwrap() []error { return []error{ErrWriterGone, e.err} }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(protocolHeader, ProtocolVersion)
@@ -480,6 +563,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("kv: reader protocol %q; this writer speaks %q", v, ProtocolVersion), http.StatusBadRequest)
 		return
 	}
+	if !h.enter() {
+		h.reply(w, &wireReply{Err: toWire(servedTimeout(context.Canceled))})
+		return
+	}
+	defer h.leave()
 	if r.Method != http.MethodGet || r.ContentLength != 0 {
 		http.Error(w, "kv: reader socket: only GET without a body", http.StatusMethodNotAllowed)
 		return
@@ -557,7 +645,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := ctx.Err(); err != nil {
 		rep = wireReply{Err: toWire(servedTimeout(err))}
 	}
-	body, err := msgpack.Marshal(&rep) // copied, then sent: no read transaction waits on the reader
+	h.reply(w, &rep)
+}
+
+// reply sends rep.
+func (h *handler) reply(w http.ResponseWriter, rep *wireReply) {
+	body, err := msgpack.Marshal(rep) // copied, then sent: no read transaction waits on the reader
 	if err != nil {
 		http.Error(w, "kv: reader socket: encode: "+err.Error(), http.StatusInternalServerError)
 		return

@@ -78,6 +78,16 @@ func TestExplainSaysEachCauseOnceNamingTheStoreOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	long := filepath.Join(dir, strings.Repeat("d", 100))
+	if err := os.Mkdir(long, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	heldLong := filepath.Join(long, "s.db")
+	sl, err := kv.Open(heldLong, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sl.Close()
 	heldThere := filepath.Join(dir, "there.db")
 	holdInChild(t, heldThere)
 	open := func(target string, readOnly bool) func() error {
@@ -86,7 +96,7 @@ func TestExplainSaysEachCauseOnceNamingTheStoreOnce(t *testing.T) {
 			return err
 		}
 	}
-	const noSocket = ", which does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one)"
+	const noSocket = ", which does not answer readers on its socket (a writer opened with kv.Options.NoServe, or of a version without the socket)"
 	cases := []struct {
 		name   string
 		target string
@@ -100,6 +110,8 @@ func TestExplainSaysEachCauseOnceNamingTheStoreOnce(t *testing.T) {
 		{"directory", dir, open(dir, false), kv.ErrNotAStore, dir + " is not a PolyLoop store: it is a directory"},
 		{"held here, write", heldHere, open(heldHere, false), kv.ErrLocked, heldHere + " is held by this process (close that kv.Store first)"},
 		{"held here, read", heldHere, open(heldHere, true), kv.ErrLocked, heldHere + " is held for writing by this process (close that kv.Store first)" + noSocket},
+		{"held here, a socket path too long, read", heldLong, open(heldLong, true), kv.ErrLocked, heldLong + " is held for writing by this process (close that kv.Store first), which cannot answer readers: its socket's path is too long for a Unix socket (" +
+			fmt.Sprint(len(heldLong+".sock")) + " bytes, limit 107; move the store to a shorter path)"},
 		{"held elsewhere, write", heldThere, open(heldThere, false), kv.ErrLocked, heldThere + " is held by another process (waited 50ms)"},
 		{"held elsewhere, read", heldThere, open(heldThere, true), kv.ErrLocked, heldThere + " is held for writing by another process (waited 50ms)" + noSocket},
 		{"no server, URL", "postgres://u:pw@127.0.0.1:1/db", open("postgres://u:pw@127.0.0.1:1/db", true), nil,

@@ -56,11 +56,13 @@ func IsPostgres(target string) bool { return formOf(target) != formFile }
 // (pgstore.DefaultSchema without one), anything else as a bbolt file with
 // kv — read-write with kv.Open (a file another process holds is
 // kv.ErrLocked: its writer must stop first), read-only with kv.OpenReader,
-// which holds the file only while it reads and, while another process
-// writes the file, reads through that process's reader socket, so a
-// reader never keeps an agent from opening its store. Its errors never hold a password: a connection string is named as
-// Describe names it, and one that pgx would misread or quote in part in its
-// error (a URL whose password holds an unencoded '@', '/' or '&', a
+// which holds the file only while one read lasts and, while another
+// process writes the file, reads through that process's reader socket: an
+// agent that starts during a read waits for the file up to its
+// LockTimeout, which a read of a large run may outlast (give such an agent
+// a longer one). Its errors never hold a password: a connection string is
+// named as Describe names it, and one that pgx would misread or quote in
+// part in its error (a URL whose password holds an unencoded '@', '/' or '&', a
 // keyword/value string that stops making sense) is refused, saying why.
 func Open(ctx context.Context, target string, o Options) (Store, error) {
 	dsn, problem := target, ""

@@ -491,7 +491,7 @@ func TestAStoreThatCannotBeOpenedIsOneSentence(t *testing.T) {
 		{[]string{"runs", missing}, "polyloop-inspect: no store at " + missing + ": no such file or directory\n"},
 		{[]string{"verify", text}, "polyloop-inspect: " + text + " is not a PolyLoop store: not a bbolt file (no valid meta page)\n"},
 		{[]string{"runs", held}, "polyloop-inspect: " + held + " is held for writing by this process (close that kv.Store first), which does not answer readers on its socket" +
-			" (a writer opened with kv.Options.NoServe, or of a version without the socket, or at a path too long for one); stop the writer or retry\n"},
+			" (a writer opened with kv.Options.NoServe, or of a version without the socket); stop the writer or retry\n"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(c.args, &out, &errOut)
