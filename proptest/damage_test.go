@@ -231,12 +231,6 @@ func TestDamageCorpus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	corpus, err := kvtest.DamageCorpus(whole)
-	if err != nil {
-		t.Fatal(err)
-	}
-	torn, tornOriginals := tornCopies(t, dir)
-	corpus = append(corpus, torn...)
 	// A sample of each kind of damage: every 128th (256th under the race
 	// detector), every 8th (16th) under POLYLOOP_SOAK=1, or all of them.
 	every := soak.Count(128, 8)
@@ -246,6 +240,12 @@ func TestDamageCorpus(t *testing.T) {
 	if *damageAll {
 		every = 1
 	}
+	corpus, err := kvtest.DamageSample(whole, every)
+	if err != nil {
+		t.Fatal(err)
+	}
+	torn, tornOriginals := tornCopies(t, dir)
+	corpus = append(corpus, kvtest.Sample(torn, every)...)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -286,7 +286,7 @@ func TestDamageCorpus(t *testing.T) {
 			}
 		})
 	}
-	for i, d := range kvtest.Sample(corpus, every) {
+	for i, d := range corpus {
 		for _, mode := range []string{"ro", "rw"} {
 			path := filepath.Join(dir, fmt.Sprintf("d%05d-%s.db", i, mode))
 			if err := os.WriteFile(path, d.Bytes, 0o600); err != nil {
@@ -300,8 +300,8 @@ func TestDamageCorpus(t *testing.T) {
 	}
 	close(opens)
 	wg.Wait()
-	t.Logf("damage corpus: %d damaged files (%d torn copies), %d opens tried (every %d file, read-only and read-write): %d no effect, %d refused",
-		len(corpus), len(torn), tried, every, noEffect, refused)
+	t.Logf("damage corpus: every %d of each kind: %d damaged files (of %d torn copies, %d), %d opens tried (read-only and read-write): %d no effect, %d refused",
+		every, len(corpus), len(torn), len(kvtest.Sample(torn, every)), tried, noEffect, refused)
 }
 
 // runChild runs the test binary as a damage child on path.

@@ -23,7 +23,12 @@ type Damaged struct {
 // ways disks and careless copies damage files: a bit flipped at every
 // 64th byte (a different bit each time), the file truncated at and inside
 // every page, each page zeroed, and each field of both meta pages damaged.
-func DamageCorpus(file []byte) ([]Damaged, error) {
+func DamageCorpus(file []byte) ([]Damaged, error) { return DamageSample(file, 1) }
+
+// DamageSample is Sample(DamageCorpus(file), n) without making the copies
+// it leaves out: a test that needs a few of a large file's thousands of
+// copies does not clone the file thousands of times.
+func DamageSample(file []byte, n int) ([]Damaged, error) {
 	const meta = boltpage.HeaderSize // where a meta page's fields begin
 	if len(file) < meta+boltpage.MetaSize {
 		return nil, fmt.Errorf("kvtest: a %d-byte file is no bbolt store", len(file))
@@ -33,19 +38,32 @@ func DamageCorpus(file []byte) ([]Damaged, error) {
 		return nil, fmt.Errorf("kvtest: page size %d does not fit a %d-byte file", ps, len(file))
 	}
 	var out []Damaged
-	add := func(kind, name string, b []byte) { out = append(out, Damaged{Name: name, Kind: kind, Bytes: b}) }
+	seen := map[string]int{}
+	add := func(kind, name string, damage func() []byte) {
+		if seen[kind]%max(n, 1) == 0 {
+			out = append(out, Damaged{Name: name, Kind: kind, Bytes: damage()})
+		}
+		seen[kind]++
+	}
+	flipped := func(off int, mask byte) func() []byte {
+		return func() []byte {
+			b := bytes.Clone(file)
+			b[off] ^= mask
+			return b
+		}
+	}
 	for off := 0; off < len(file); off += 64 {
-		b := bytes.Clone(file)
 		bit := off / 64 % 8
-		b[off] ^= 1 << bit
-		add("bit flipped", fmt.Sprintf("bit %d of byte %d flipped", bit, off), b)
+		add("bit flipped", fmt.Sprintf("bit %d of byte %d flipped", bit, off), flipped(off, 1<<bit))
 	}
 	for p := 0; p < len(file)/ps; p++ {
-		add("truncated at a page", fmt.Sprintf("truncated at page %d", p), bytes.Clone(file[:p*ps]))
-		add("truncated inside a page", fmt.Sprintf("truncated inside page %d", p), bytes.Clone(file[:p*ps+ps/2]))
-		b := bytes.Clone(file)
-		clear(b[p*ps : (p+1)*ps])
-		add("page zeroed", fmt.Sprintf("page %d zeroed", p), b)
+		add("truncated at a page", fmt.Sprintf("truncated at page %d", p), func() []byte { return bytes.Clone(file[:p*ps]) })
+		add("truncated inside a page", fmt.Sprintf("truncated inside page %d", p), func() []byte { return bytes.Clone(file[:p*ps+ps/2]) })
+		add("page zeroed", fmt.Sprintf("page %d zeroed", p), func() []byte {
+			b := bytes.Clone(file)
+			clear(b[p*ps : (p+1)*ps])
+			return b
+		})
 	}
 	for m := range 2 {
 		for _, f := range []struct {
@@ -54,10 +72,8 @@ func DamageCorpus(file []byte) ([]Damaged, error) {
 		}{{"magic", boltpage.MetaMagic}, {"page size", boltpage.MetaPageSize}, {"root", boltpage.MetaRoot},
 			{"freelist", boltpage.MetaFreelist}, {"high-water mark", boltpage.MetaPgid}, {"txid", boltpage.MetaTxid},
 			{"checksum", boltpage.MetaChecksum}} {
-			b := bytes.Clone(file)
-			b[m*ps+meta+f.off] ^= 0x11
 			name := fmt.Sprintf("meta page %d: %s damaged", m, f.name)
-			add(name, name, b)
+			add(name, name, flipped(m*ps+meta+f.off, 0x11))
 		}
 	}
 	return out, nil

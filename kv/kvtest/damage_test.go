@@ -164,3 +164,39 @@ func TestASampleMeetsEveryKindOfDamage(t *testing.T) {
 		t.Errorf("a sample of every 16th kept %d of %d copies", len(sample), len(corpus))
 	}
 }
+
+// TestDamageSampleIsTheSampleOfTheCorpus: DamageSample makes exactly the
+// copies Sample keeps of the whole corpus, byte for byte.
+func TestDamageSampleIsTheSampleOfTheCorpus(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus, err := kvtest.DamageCorpus(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 7, 64} {
+		want := kvtest.Sample(corpus, n)
+		got, err := kvtest.DamageSample(file, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("DamageSample(file, %d): %d copies, Sample of the corpus %d", n, len(got), len(want))
+		}
+		for i := range got {
+			if got[i].Name != want[i].Name || got[i].Kind != want[i].Kind || !bytes.Equal(got[i].Bytes, want[i].Bytes) {
+				t.Fatalf("DamageSample(file, %d)[%d] is %q, Sample's %q (or their bytes differ)", n, i, got[i].Name, want[i].Name)
+			}
+		}
+	}
+}
