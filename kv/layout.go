@@ -59,6 +59,8 @@ type layout interface {
 	orphans(tx *bolt.Tx, index *bolt.Bucket) ([]string, error)
 	// remove deletes the run's stream.
 	remove(tx *bolt.Tx, runID string, info RunInfo, indexed bool) error
+	// idBucket names the top-level bucket whose keys are the runs' ids.
+	idBucket() []byte
 }
 
 // Top-level buckets of each layout (beside formatBucket and indexBucket).
