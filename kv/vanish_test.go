@@ -224,6 +224,21 @@ func TestADamagedRunIDKeyIsCorruption(t *testing.T) {
 				if got, err = s.Load(ctx, c.run); len(got) != 0 || !errors.Is(err, ErrCorrupt) {
 					t.Errorf("Load after the refused append: %d events, %v", len(got), err)
 				}
+				if format == formatLog { // format 1 finds the run by its index entry, filed under its id
+					other := c.ids[0]
+					if other == c.run {
+						other = c.ids[1]
+					}
+					started := events.RunStarted{RunID: c.run, SchemaVersion: events.CurrentSchemaVersion}
+					_, err = s.ForkRun(ctx, c.run, started, other, ulid.ULID{}, 0)
+					corrupt("ForkRun onto it", err)
+					_, err = s.ForkRun(ctx, "fork", events.RunStarted{RunID: "fork", SchemaVersion: events.CurrentSchemaVersion}, c.run, ulid.ULID{}, 0)
+					corrupt("ForkRun from it", err)
+					_, err = s.RequestCancel(ctx, c.run, "test")
+					corrupt("RequestCancel", err)
+					corrupt("RequeueRun", s.RequeueRun(ctx, c.run))
+					corrupt("DeleteRun", s.DeleteRun(ctx, c.run, true))
+				}
 				// Its neighbours, and runs one bit from it, read as before.
 				for i := 0; i < len(c.ids); i += 1 + len(c.ids)/20 {
 					id := c.ids[i]
