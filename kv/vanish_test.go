@@ -291,3 +291,37 @@ func TestRunIDsOneBitApartAreNoDamage(t *testing.T) {
 		})
 	}
 }
+
+// TestADamagedRunIDKeyIsFoundPastLaterRuns: runs started after the damage,
+// whose ids sort between the lost id and its damaged copy, are filed
+// between them; the damaged copy is still found past lostWindow-1 of them
+// (each of which, one byte from the lost id, is looked at and is not it).
+func TestADamagedRunIDKeyIsFoundPastLaterRuns(t *testing.T) {
+	ctx := context.Background()
+	var few []string
+	for i := range 7 {
+		few = append(few, fmt.Sprintf("run-%d", i))
+	}
+	for _, format := range formats {
+		t.Run("format="+format, func(t *testing.T) {
+			s, damaged := flipped(t, writeRuns(t, format, few), format, "run-6", 1, 3)
+			const between = "789ABCDEFGHIJKLMNOPQRSTUVWXYZab" // "run-6" < "run-7" … "run-b" < "r}n-6"
+			if len(between) != lostWindow-1 {
+				t.Fatalf("%d runs between, want lostWindow-1", len(between))
+			}
+			for _, c := range between {
+				id := "run-" + string(c)
+				if _, err := s.Append(ctx, id, ulid.ULID{}, proptest.SoundStream(id)...); err != nil {
+					t.Fatalf("Append(%q): %v", id, err)
+				}
+			}
+			if _, err := s.Load(ctx, "run-6"); !errors.Is(err, ErrCorrupt) {
+				t.Errorf("Load: %v, want ErrCorrupt", err)
+			}
+			_, err := s.Append(ctx, "run-6", ulid.ULID{}, proptest.SoundStream("run-6")...)
+			if !errors.Is(err, ErrCorrupt) || format == formatLog && !strings.Contains(err.Error(), strconv.Quote(damaged)) {
+				t.Errorf("Append: %v, want ErrCorrupt naming %q", err, damaged)
+			}
+		})
+	}
+}
