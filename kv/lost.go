@@ -1,8 +1,10 @@
 package kv
 
 import (
+	"bytes"
 	"fmt"
 
+	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/polyloop/polyloop/events"
@@ -37,6 +39,26 @@ const (
 func (bucketLayout) idBucket() []byte { return runsBucket }
 func (logLayout) idBucket() []byte    { return startsBucket }
 
+// firstAt is first for the run filed under the id bucket's key k, whose
+// value is v.
+func (l bucketLayout) firstAt(tx *bolt.Tx, k, _ []byte) (ulid.ULID, []byte, bool) {
+	return l.first(tx, string(k))
+}
+
+// firstAt is first for the run filed under the starts bucket's key k,
+// whose value v is the run's first key: one lookup, in the log.
+func (logLayout) firstAt(tx *bolt.Tx, _, v []byte) (ulid.ULID, []byte, bool) {
+	if len(v) != len(ulid.ULID{}) {
+		return ulid.ULID{}, nil, false
+	}
+	key := ulid.ULID(v)
+	_, seq, sealed, err := splitLog(key, tx.Bucket(logBucket).Get(key[:]))
+	if err != nil || seq != 0 {
+		return key, nil, false
+	}
+	return key, sealed, true
+}
+
 // lostUnder is the key, near where runID would be filed, under which l
 // keeps runID's stream though the key is not runID — a damaged copy of it
 // — or "" when there is none. Call it only when runID has no stream on
@@ -46,7 +68,7 @@ func lostUnder(tx *bolt.Tx, l layout, runID string) string {
 	if ids == nil {
 		return ""
 	}
-	is := func(k []byte) bool {
+	is := func(k, v []byte) bool {
 		if len(k) != len(runID) || string(k) == runID {
 			return false
 		}
@@ -59,8 +81,14 @@ func lostUnder(tx *bolt.Tx, l layout, runID string) string {
 		if differ > lostBytes {
 			return false
 		}
-		key, sealed, ok := l.first(tx, string(k))
+		key, sealed, ok := l.firstAt(tx, k, v)
 		if !ok {
+			return false
+		}
+		if bytes.Contains(sealed, k) && !bytes.Contains(sealed, []byte(runID)) {
+			// The RunStarted of the key's own run, as its id spells it
+			// (runID's would spell runID, unless compressed; then it
+			// spells neither): no need to decode it.
 			return false
 		}
 		env, err := events.Unmarshal(runID, key, sealed)
@@ -71,23 +99,23 @@ func lostUnder(tx *bolt.Tx, l layout, runID string) string {
 		return ok && started.RunID == runID
 	}
 	c := ids.Cursor()
-	k, _ := c.Seek([]byte(runID))
+	k, v := c.Seek([]byte(runID))
 	for i := 0; k != nil && i < lostWindow; i++ {
-		if is(k) {
+		if is(k, v) {
 			return string(k)
 		}
-		k, _ = c.Next()
+		k, v = c.Next()
 	}
 	if k, _ = c.Seek([]byte(runID)); k == nil {
-		k, _ = c.Last()
+		k, v = c.Last()
 	} else {
-		k, _ = c.Prev()
+		k, v = c.Prev()
 	}
 	for i := 0; k != nil && i < lostWindow; i++ {
-		if is(k) {
+		if is(k, v) {
 			return string(k)
 		}
-		k, _ = c.Prev()
+		k, v = c.Prev()
 	}
 	return ""
 }
