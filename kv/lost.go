@@ -10,9 +10,9 @@ import (
 	"github.com/polyloop/polyloop/events"
 )
 
-// A run's id is a key in one place only of a format 2 file: the starts
-// bucket, where it names the run's first key (the index entry is filed
-// under that first key, the log under the events' keys). A flipped bit in
+// A format 2 file finds a run by its id through one key only: the starts
+// bucket's, naming the run's first key (the index entry is filed under
+// that first key, the log under the events' keys). A flipped bit in
 // that key makes the run vanish: its id finds nothing, and it would read
 // as a run never written — and be started again. So where a lookup of a
 // run finds nothing (a miss: rare, a new run's first append or a question
