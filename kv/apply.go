@@ -47,6 +47,13 @@ func (s *Store) apply(tx *bolt.Tx, index *bolt.Bucket, r *appendRequest) error {
 	if err := seams.CheckAppend(r.runID, tail, info.Status == StatusFinished, r.after, r.evs); err != nil {
 		return err
 	}
+	if !started {
+		// The run's first append: refused when the run is on record under
+		// a damaged copy of its id, so it is not started again.
+		if err := s.lost(tx, r.runID); err != nil {
+			return fmt.Errorf("kv: append to run %q: %w: %w", r.runID, ErrCorrupt, err)
+		}
+	}
 	for i, v := range r.vals {
 		if len(v) > bolt.MaxValueSize {
 			return fmt.Errorf("kv: event %d (%s) of run %q encodes to %d bytes, more than bbolt's %d-byte value limit",

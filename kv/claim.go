@@ -125,8 +125,8 @@ func (s *Store) claimable(tx *bolt.Tx, wanted map[string]bool, max int, reserve 
 		switch {
 		case err != nil:
 			continue // a damaged index entry: the run is no worker's until someone looks at it
-		case !indexed && s.layout.exists(tx, runID):
-			continue // a stream without an index entry: damaged too
+		case !indexed && (s.layout.exists(tx, runID) || s.lost(tx, runID) != nil):
+			continue // a stream without an index entry, or under a damaged id: damaged too
 		case !indexed || info.Status == StatusFinished:
 			out = append(out, candidate{runID: runID, stale: true, release: func() {}})
 			continue

@@ -243,9 +243,23 @@
 //     in the log, new keys come at the end, so its leaves are filled
 //     whole: the fewer leaves hold the driven runs' entries, the fewer a
 //     commit rewrites.
-//     What it costs: the first-key record is how a run is found; lost, the
-//     run's entry is listed as damaged under the run it names, and its
-//     events are not found without a full scan.
+//     What it costs: the first-key record is how a run is found, the one
+//     key that finds it by its id; lost, the run's entry is listed as
+//     damaged under the run it names, and its events are not found
+//     without a full scan. Damaged — a flipped bit in the id it is filed
+//     under — the run is not taken for one never written: where its id
+//     finds nothing, the 32 keys either side of where the id sorts are
+//     looked at (the file check keeps a damaged key in order, where its
+//     id was; runs started since with ids between the two are filed
+//     between them), and one as long as the id, differing in a byte or
+//     two, whose first event is the RunStarted of a run of that id, is
+//     the run's. Load, Scan and LoadAfter then return ErrCorrupt naming
+//     both ids and no events, Describe lists the run StatusCorrupt, and
+//     an append that would start the run again, a fork onto or from it,
+//     RequestCancel, RequeueRun and DeleteRun are refused with
+//     ErrCorrupt. Runs lists the damaged key as a run of its
+//     own, StatusCorrupt (its entry names another run). An id one bit
+//     from another run's is no damage: that run's first event names it.
 //   - "queue": run id -> the run's queue entry (see The queue; format 1
 //     files keep it too).
 //

@@ -67,6 +67,9 @@ func (s *Store) ForkRun(ctx context.Context, runID string, started events.RunSta
 			if _, indexed, _ := readInfo(index, s.layout.entryKey(tx, runID), runID); indexed || s.layout.exists(tx, runID) {
 				return fmt.Errorf("fork onto %q: %w", runID, seams.ErrRunExists)
 			}
+			if err := s.lost(tx, runID); err != nil {
+				return fmt.Errorf("fork onto %q: %w: %w", runID, ErrCorrupt, err)
+			}
 			prefix, vals, err := s.prefix(tx, index, source, through, n)
 			if err != nil {
 				return err
@@ -122,6 +125,9 @@ func (s *Store) prefix(tx *bolt.Tx, index *bolt.Bucket, source string, through u
 	info, indexed, err := readInfo(index, s.layout.entryKey(tx, source), source)
 	switch {
 	case !indexed && !s.layout.exists(tx, source):
+		if err := s.lost(tx, source); err != nil {
+			return nil, nil, fmt.Errorf("fork from %q: %w: %w", source, ErrCorrupt, err)
+		}
 		return nil, nil, fmt.Errorf("fork from %q: %w", source, seams.ErrNoRun)
 	case err != nil:
 		return nil, nil, fmt.Errorf("fork from %q: %w", source, err)

@@ -59,6 +59,11 @@ type layout interface {
 	orphans(tx *bolt.Tx, index *bolt.Bucket) ([]string, error)
 	// remove deletes the run's stream.
 	remove(tx *bolt.Tx, runID string, info RunInfo, indexed bool) error
+	// idBucket names the top-level bucket whose keys are the runs' ids.
+	idBucket() []byte
+	// firstAt is first for the run filed under idBucket's key k (its
+	// value v), read from where a cursor found it (lost.go).
+	firstAt(tx *bolt.Tx, k, v []byte) (key ulid.ULID, sealed []byte, ok bool)
 }
 
 // Top-level buckets of each layout (beside formatBucket and indexBucket).

@@ -104,7 +104,10 @@ func (s *Store) readStream(runID string, sink streamSink, pin *RunInfo) (*RunInf
 				sink.Problem(fmt.Errorf("the index lists run %q but its stream is missing", runID))
 				return nil
 			case !exists:
-				return nil // never written
+				if err := s.lost(tx, runID); err != nil {
+					sink.Problem(err)
+				}
+				return nil // never written, unless its id's key is damaged
 			case !indexed:
 				sink.Problem(fmt.Errorf("run %q has a stream but no index entry", runID))
 			}

@@ -46,6 +46,9 @@ func (s *Store) DeleteRun(ctx context.Context, runID string, force bool) error {
 			info, indexed, ierr := readInfo(index, key, runID)
 			switch {
 			case !indexed && !s.layout.exists(tx, runID):
+				if err := s.lost(tx, runID); err != nil {
+					return fmt.Errorf("%w: %w", ErrCorrupt, err)
+				}
 				return seams.ErrNoRun
 			case !force && ierr != nil:
 				return fmt.Errorf("%w (its index entry is damaged: %w)", seams.ErrRunNotFinished, ierr)

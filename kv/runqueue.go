@@ -232,6 +232,9 @@ func (s *Store) unfinished(tx *bolt.Tx, index *bolt.Bucket, runID string) error 
 	info, indexed, err := readInfo(index, s.layout.entryKey(tx, runID), runID)
 	switch {
 	case !indexed && !s.layout.exists(tx, runID):
+		if err := s.lost(tx, runID); err != nil {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
 		return seams.ErrNoRun
 	case err != nil:
 		return err
@@ -286,7 +289,7 @@ func (s *Store) Describe(ctx context.Context, runID string) (RunInfo, error) {
 			}
 			got, indexed, err := readInfo(index, s.layout.entryKey(tx, runID), runID)
 			switch {
-			case !indexed && !s.layout.exists(tx, runID):
+			case !indexed && !s.layout.exists(tx, runID) && s.lost(tx, runID) == nil:
 				return seams.ErrNoRun
 			case err != nil || !indexed:
 				info = RunInfo{RunID: runID, Status: StatusCorrupt}
