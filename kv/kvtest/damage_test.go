@@ -36,18 +36,7 @@ func TestTheCorpusRefusesWhatIsNoStore(t *testing.T) {
 // on its page, a zeroed page only inside that page, a truncated copy is
 // the file's prefix; and the corpus holds every kind for every page.
 func TestEachCopyIsDamagedWhereItsNameSays(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := kv.Open(path, kv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	file, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := newStoreFile(t)
 	const ps = kv.DefaultPageSize
 	corpus, err := kvtest.DamageCorpus(file)
 	if err != nil {
@@ -124,18 +113,7 @@ func deref(a []any) []any {
 // each kind and every nth after it, so a test at a small count still
 // meets bit flips, truncations, zeroed pages and each meta field.
 func TestASampleMeetsEveryKindOfDamage(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := kv.Open(path, kv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	file, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := newStoreFile(t)
 	corpus, err := kvtest.DamageCorpus(file)
 	if err != nil {
 		t.Fatal(err)
@@ -168,18 +146,7 @@ func TestASampleMeetsEveryKindOfDamage(t *testing.T) {
 // TestDamageSampleIsTheSampleOfTheCorpus: DamageSample makes exactly the
 // copies Sample keeps of the whole corpus, byte for byte.
 func TestDamageSampleIsTheSampleOfTheCorpus(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.db")
-	s, err := kv.Open(path, kv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	file, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := newStoreFile(t)
 	corpus, err := kvtest.DamageCorpus(file)
 	if err != nil {
 		t.Fatal(err)
@@ -199,4 +166,22 @@ func TestDamageSampleIsTheSampleOfTheCorpus(t *testing.T) {
 			}
 		}
 	}
+}
+
+// newStoreFile is the bytes of a new, empty store file.
+func newStoreFile(t *testing.T) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := kv.Open(path, kv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
