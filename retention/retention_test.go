@@ -33,31 +33,7 @@ func agent(store seams.RunStore, runID string, steps int) (engine.Definition, en
 // go; newer ones, unfinished ones and one a driver holds stay.
 func TestExpireDeletesOnlyOldFinishedRuns(t *testing.T) {
 	ctx := context.Background()
-	store, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	for _, id := range []string{"old-1", "old-2", "held"} {
-		def, req := agent(store, id, 1)
-		if _, err := engine.Run(ctx, def, req); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := store.Append(ctx, "unfinished", [16]byte{}, events.RunStarted{RunID: "unfinished", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(5 * time.Millisecond)
-	cutoff := time.Now()
-	time.Sleep(5 * time.Millisecond)
-	def, req := agent(store, "new", 1)
-	if _, err := engine.Run(ctx, def, req); err != nil {
-		t.Fatal(err)
-	}
-	release, err := store.LockRun("held")
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, cutoff, release := agedRuns(t)
 	res, err := retention.Expire(ctx, store, cutoff)
 	release()
 	if err != nil {
@@ -190,31 +166,7 @@ func TestExpireLeavesDamagedRunsAloneAndNamesThem(t *testing.T) {
 // itself.
 func TestPreviewSaysWhatExpireWouldDo(t *testing.T) {
 	ctx := context.Background()
-	store, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	for _, id := range []string{"old-1", "old-2", "held"} {
-		def, req := agent(store, id, 1)
-		if _, err := engine.Run(ctx, def, req); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := store.Append(ctx, "unfinished", [16]byte{}, events.RunStarted{RunID: "unfinished", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(5 * time.Millisecond)
-	cutoff := time.Now()
-	time.Sleep(5 * time.Millisecond)
-	def, req := agent(store, "new", 1)
-	if _, err := engine.Run(ctx, def, req); err != nil {
-		t.Fatal(err)
-	}
-	release, err := store.LockRun("held")
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, cutoff, release := agedRuns(t)
 	defer release()
 	preview, err := retention.Preview(ctx, store, cutoff)
 	if err != nil {
@@ -280,4 +232,38 @@ func TestCheckSaysWhatDeleteRunWould(t *testing.T) {
 			}
 		})
 	}
+}
+
+// agedRuns is a store holding finished runs old-1, old-2 and held from
+// before cutoff, an unfinished run, a finished run new from after it, and
+// held reserved as a driver holds it (release gives it back).
+func agedRuns(t *testing.T) (store *kv.Store, cutoff time.Time, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := kv.Open(filepath.Join(t.TempDir(), "s.db"), kv.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	for _, id := range []string{"old-1", "old-2", "held"} {
+		def, req := agent(store, id, 1)
+		if _, err := engine.Run(ctx, def, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := store.Append(ctx, "unfinished", [16]byte{}, events.RunStarted{RunID: "unfinished", SchemaVersion: events.CurrentSchemaVersion}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	cutoff = time.Now()
+	time.Sleep(5 * time.Millisecond)
+	def, req := agent(store, "new", 1)
+	if _, err := engine.Run(ctx, def, req); err != nil {
+		t.Fatal(err)
+	}
+	release, err = store.LockRun("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, cutoff, release
 }
