@@ -81,18 +81,7 @@ func TestDeleteRefusalsAreSaidOnce(t *testing.T) {
 // returns its result, and PostgreSQL lists no holder for it: its refusal
 // says "held by a driver" alone.)
 func TestDeleteOfAHeldRunNamesItsHolderOnce(t *testing.T) {
-	url := pgtest.StoreURL(t)
-	s, err := pgstore.Open(context.Background(), url, pgstore.Options{Owner: "worker-7"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	fill(t, s, 1)
-	release, err := s.LockRun("u")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release()
+	url := heldRun(t, "u")
 	for _, args := range [][]string{{"delete", "--force", url, "u"}, {"delete", "--force", "--dry-run", url, "u"}} {
 		code, out, errOut := adminOut(args...)
 		want := `polyloop-admin: delete: run "u" is held by a driver (worker-7`
@@ -265,18 +254,7 @@ func TestDryRunOpensTheStoreReadOnly(t *testing.T) {
 // each run it leaves alone because a driver holds it, and why, as the
 // help promises, besides counting them; --json says it as an object.
 func TestGCNamesEachHeldRunItLeavesAlone(t *testing.T) {
-	url := pgtest.StoreURL(t)
-	s, err := pgstore.Open(context.Background(), url, pgstore.Options{Owner: "worker-7"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	fill(t, s, 1)
-	release, err := s.LockRun("f-0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release()
+	url := heldRun(t, "f-0")
 	time.Sleep(10 * time.Millisecond)
 	code, out, errOut := adminOut("gc", "--finished-before", "5ms", url)
 	wantOut := "deleted 0 finished runs older than 5ms; 1 held by a driver, left for the next pass\n"
@@ -321,4 +299,24 @@ func TestJSONSaysAFailedDeleteAsAnObject(t *testing.T) {
 	if want := "polyloop-admin: write /var/lib/runs.db: input/output error\n"; code != exitProblem || out.String() != "" || errOut.String() != want {
 		t.Errorf("text: exit %d\nstdout: %q\nstderr: %q\nwant stderr %q", code, out.String(), errOut.String(), want)
 	}
+}
+
+// heldRun is a PostgreSQL store holding fill's runs, one of which, run,
+// a driver named worker-7 holds until the test ends; it returns the
+// store's URL.
+func heldRun(t *testing.T, run string) string {
+	t.Helper()
+	url := pgtest.StoreURL(t)
+	s, err := pgstore.Open(context.Background(), url, pgstore.Options{Owner: "worker-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	fill(t, s, 1)
+	release, err := s.LockRun(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	return url
 }
