@@ -37,10 +37,11 @@ import (
 // is the original streams, not recovery: a run that loads without error
 // must load exactly as written (a torn copy: as a prefix of what was
 // finally written), and a resume must leave what was there untouched.
-// Required: no panic, no hang, no accepted alteration. CI runs a sample;
-// make damage runs it all (-damage.all).
+// Required: no panic, no hang, no accepted alteration. make test runs a
+// sample of each kind; make damage (and so make soak and CI) runs it all
+// (-damage.all).
 
-var damageAll = flag.Bool("damage.all", false, "run the whole damage corpus, not CI's sample")
+var damageAll = flag.Bool("damage.all", false, "run the whole damage corpus, not a sample of each kind")
 
 const (
 	damageChildEnv = "POLYLOOP_DAMAGE_CHILD" // path of the damaged file
