@@ -47,7 +47,7 @@ func TestInABrowserANewStepAppears(t *testing.T) {
 	path := browser(t)
 	store := &seamstest.MemStore{}
 	srv := httptest.NewServer(viewer.New(store, viewer.Options{Poll: 50 * time.Millisecond}))
-	defer srv.Close()
+	t.Cleanup(srv.Close) // after the browser's cleanup: an open page holds a follow stream
 	model := seamstest.NewPausingModel(&seamstest.Model{Turns: seamstest.Replies(`TOOL read {}`, `TOOL read {}`, `FINAL: done`)}, 2)
 	done := make(chan error, 1)
 	go func() {
@@ -140,7 +140,7 @@ func TestInABrowserAnInterruptedRunSaysSo(t *testing.T) {
 	path := browser(t)
 	store := &seamstest.MemStore{}
 	srv := httptest.NewServer(viewer.New(store, viewer.Options{Poll: 50 * time.Millisecond}))
-	defer srv.Close()
+	t.Cleanup(srv.Close) // after the browser's cleanup: an open page holds a follow stream
 	req := engine.Request{RunID: "stops", Tools: reg, Executor: reg.Executor(), ModelReplayPolicy: events.ReplaySafe,
 		Budget: engine.Budget{MaxSteps: 5, MaxActions: 5, MaxConsecutiveParseFailures: 2, MaxPromptChars: 100_000}}
 	// A run that stopped at a step boundary, unfinished.
@@ -193,7 +193,7 @@ func TestInABrowserAPersonApprovesACall(t *testing.T) {
 	o := writerOptions(store)
 	o.Poll = 50 * time.Millisecond
 	srv := httptest.NewServer(viewer.New(store, o))
-	defer srv.Close()
+	t.Cleanup(srv.Close) // after the browser's cleanup: an open page holds a follow stream
 
 	bctx := newBrowser(t, path)
 	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/run?id=refund"), chromedp.WaitVisible(chromedp.CSS("#pending"))); err != nil {
