@@ -6,7 +6,7 @@ COUNT   ?= 5
 
 FUZZTIME ?= 60s
 
-.PHONY: build test check prop soak bench bench-peer demo ci fuzz damage mutate
+.PHONY: build fmt test test-notice check prop soak bench bench-peer demo ci fuzz damage mutate
 
 build:
 	$(GO) build $(PKGS)
@@ -14,28 +14,41 @@ build:
 # The test command the README gives: race detector on, benchmarks off.
 # The PostgreSQL tests need initdb (or POLYLOOP_PG_DSN) and the viewer's
 # end-to-end test Chromium; without, they skip, saying so in one line.
-test:
+test: test-notice
+	$(GO) test -race -count=1 $(PKGS)
+
+test-notice:
 	@if [ -z "$$POLYLOOP_PG_DSN" ] && ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		echo "PostgreSQL tests skip: no initdb found; install PostgreSQL (apt-get install postgresql) or set POLYLOOP_PG_DSN to run them"; fi
 	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null && ! command -v google-chrome >/dev/null; then \
 		echo "The viewer's browser test skips: no Chromium; apt-get install chromium to run it"; fi
-	$(GO) test -race -count=1 $(PKGS)
 
-# go vet, the build in make ci and the tests all compile with the race
-# detector, so a cold build cache compiles each package once: without it
-# vet and build would compile the whole tree a second time, a minute or
-# more on two cores.
-#
 # gofmt over every Go file of the tree (no git needed: a ZIP download works
-# too; an empty list is an error, never gofmt reading standard input), go
-# vet, and the import rules (deps_test.go: no command or example links test
-# support, the engine links no store).
-check:
+# too; an empty list is an error, never gofmt reading standard input).
+fmt:
 	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path './testdata/*' -type f); \
-	if [ -z "$$files" ]; then echo "check: no Go files found under $$(pwd)"; exit 1; fi; \
+	if [ -z "$$files" ]; then echo "fmt: no Go files found under $$(pwd)"; exit 1; fi; \
 	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# gofmt, go vet, and the import rules (deps_test.go: no command or example
+# links test support, the engine links no store). Everything compiles with
+# the race detector, as the tests do, so a cold build cache compiles each
+# package once: without it vet would compile the whole tree a second time,
+# a minute or more on two cores.
+check: fmt
 	$(GO) vet -race $(PKGS)
-	$(GO) test -count=1 .
+	$(GO) test -race -count=1 .
+
+# make ci: gofmt, then go vet's whole suite and the tests in one go
+# command. go test -vet=all runs the same analyzers go vet runs on each
+# package it tests, inside the test run's own build, so a package's vet
+# overlaps other packages' tests; go vet before go test vetted every
+# package twice (go test runs a subset of vet itself). go test vets only
+# packages with tests: go vet takes the rest (UNTESTED; compiled by then).
+UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.ImportPath}}{{end}}' $(PKGS))
+ci: fmt test-notice
+	$(GO) test -race -count=1 -vet=all $(PKGS)
+	$(if $(strip $(UNTESTED)),$(GO) vet -race $(UNTESTED))
 
 # The long soaks at full count (POLYLOOP_SOAK=1, package internal/soak):
 # 1,000 generated runs per property and the driver races, the SIGKILL
@@ -118,8 +131,3 @@ demo:
 	$(GO) run ./cmd/polyloop-inspect runs $(DEMO_STORE)
 	$(GO) run ./cmd/polyloop-inspect verify $(DEMO_STORE)
 
-# make ci builds as the tests compile (with the race detector), so the
-# tests reuse what it compiled; make build builds as a user does.
-ci: check
-	$(GO) build -race $(PKGS)
-	$(MAKE) test
