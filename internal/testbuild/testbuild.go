@@ -1,10 +1,11 @@
 // Package testbuild builds the project's programs for the tests that run
 // them as processes (polyloop-inspect's, the refund example's, the
 // --version test). It builds them as the test binary itself was built —
-// with the race detector when the test binary has it — so a cold build
-// cache compiles each package once for the whole test run rather than
-// once more without -race, which on two cores costs the README's test
-// command minutes; and a program a test runs reports its own data races.
+// with the race detector, compiler and linker flags the test binary was
+// built with — so a cold build cache compiles each package once for the
+// whole test run rather than once more without them, which on two cores
+// costs the README's test command minutes; and a program a test runs
+// reports its own data races.
 //
 // What does not live here: running the programs (each test knows what it
 // runs) and anything a non-test program links (package testbuild imports
@@ -16,20 +17,32 @@ import (
 	"os"
 	"os/exec"
 	"runtime/debug"
+	"slices"
 	"strings"
 )
 
 // Flags returns the go build flags that match the running binary's own
-// build: -race when it was built with the race detector, none otherwise.
+// build, as the go command recorded them in it: -race, -gcflags, -ldflags,
+// -tags and -trimpath, whichever it was built with (make ci builds without
+// debug information, and a program built with the compiler's defaults
+// would miss the cache for every package). None when it recorded none.
 func Flags() []string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "-race" && s.Value == "true" {
-				return []string{"-race"}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return nil
+	}
+	var flags []string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "-race", "-trimpath":
+			if s.Value == "true" {
+				flags = append(flags, s.Key)
 			}
+		case "-gcflags", "-ldflags", "-tags":
+			flags = append(flags, s.Key+"="+s.Value)
 		}
 	}
-	return nil
+	return flags
 }
 
 // Build runs go build with Flags, then extra, writing the programs of
@@ -42,7 +55,7 @@ func Flags() []string {
 // started; the change does not touch it.)
 func Build(dir string, extra []string, pkgs ...string) error {
 	flags := Flags()
-	if len(flags) > 0 && !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+	if slices.Contains(flags, "-race") && !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
 		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	}
 	args := append([]string{"build"}, flags...)

@@ -4,36 +4,63 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/polyloop/polyloop/internal/testbuild"
 )
 
-// TestAProgramIsBuiltAsTheTestBinaryWas: a program Build makes carries the
-// race detector exactly when this test binary does, as go version -m
-// reads its build settings back.
+// TestAProgramIsBuiltAsTheTestBinaryWas: a program Build makes carries
+// the build flags this test binary carries (the race detector, -gcflags,
+// -ldflags, -tags, -trimpath), as go version -m reads them back from
+// both — with GOFLAGS, which make ci sets and a child go command would
+// otherwise inherit, emptied for the build.
 func TestAProgramIsBuiltAsTheTestBinaryWas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a program")
 	}
 	dir := t.TempDir()
+	t.Setenv("GOFLAGS", "")
 	if err := testbuild.Build(dir, nil, "github.com/polyloop/polyloop/cmd/polyloop-benchtable"); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("go", "version", "-m", filepath.Join(dir, "polyloop-benchtable")).Output()
+	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	raced := strings.Contains(string(out), "-race=true")
-	if want := len(testbuild.Flags()) == 1; raced != want {
-		t.Fatalf("the program was built with the race detector: %t; the test binary: %t\n%s", raced, want, out)
+	want, got := buildFlags(t, self), buildFlags(t, filepath.Join(dir, "polyloop-benchtable"))
+	if !slices.Equal(got, want) {
+		t.Fatalf("the program was built with %q; the test binary with %q", got, want)
 	}
-	t.Logf("race detector: %t", raced)
+	t.Logf("built with %q", got)
 	// A race-built program would sleep a second at exit without it.
+	raced := slices.Contains(got, "-race=true")
 	if sleeps := strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms=0"); sleeps != raced {
 		t.Fatalf("GORACE=%q after a build with the race detector %t", os.Getenv("GORACE"), raced)
 	}
+}
+
+// buildFlags is what go version -m reads from the binary at path of the
+// flags Build copies: "-race=true", "-gcflags=…" and so on, in its order.
+func buildFlags(t *testing.T, path string) []string {
+	out, err := exec.Command("go", "version", "-m", path).Output()
+	if err != nil {
+		t.Fatalf("go version -m %s: %v", path, err)
+	}
+	var flags []string
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 || f[0] != "build" {
+			continue
+		}
+		for _, name := range []string{"-race=", "-gcflags=", "-ldflags=", "-tags=", "-trimpath="} {
+			if strings.HasPrefix(f[1], name) && f[1] != "-race=false" && f[1] != "-trimpath=false" {
+				flags = append(flags, f[1])
+			}
+		}
+	}
+	return flags
 }
 
 // TestABuildThatFailsSaysWhy: the go command's output is in the error.
