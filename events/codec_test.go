@@ -550,22 +550,22 @@ func TestWhatMarshalWritesUnmarshalReads(t *testing.T) {
 	reply := func(content string) events.Event {
 		return events.ModelCallResult{RunID: "run-1", ResultID: "r", Reply: &events.ModelReply{Content: content}}
 	}
-	random := func(n int) string { // incompressible to S2, which has no entropy coding
-		b := make([]byte, n/2+1)
-		rand.NewChaCha8([32]byte{}).Read(b)
-		return hex.EncodeToString(b)[:n]
-	}
+	// Each text over the limit, and under it as its prefix (generated
+	// once: under the race detector each 64 MiB costs seconds).
+	b := make([]byte, events.MaxPayload/2+1)
+	rand.NewChaCha8([32]byte{}).Read(b)
+	random := hex.EncodeToString(b)[:events.MaxPayload+1] // incompressible to S2, which has no entropy coding
+	same := strings.Repeat("a", events.MaxPayload+1)
 	under := events.MaxPayload - 1024 // the envelope's other fields fit beside it
 	for _, tc := range []struct {
 		name    string
 		ev      events.Event
 		tooLong bool
 	}{
-		{"compressible, under the limit", reply(strings.Repeat("a", under)), false},
-		{"incompressible, under the limit", reply(random(under)), false},
-		{"compressible, over the limit", reply(strings.Repeat("a", events.MaxPayload+1)), true},
-		{"incompressible, over the limit", reply(random(events.MaxPayload + 1)), true},
-		{"100 MiB of text", reply(strings.Repeat("all work and no play ", (100<<20)/21)), true},
+		{"compressible, under the limit", reply(same[:under]), false},
+		{"incompressible, under the limit", reply(random[:under]), false},
+		{"compressible, over the limit", reply(same), true},
+		{"incompressible, over the limit", reply(random), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := events.Marshal(tc.ev)
@@ -589,6 +589,25 @@ func TestWhatMarshalWritesUnmarshalReads(t *testing.T) {
 				t.Fatal("the value decodes differently")
 			}
 		})
+	}
+}
+
+// TestAnEventTooLargeIsRefusedBeforeItIsEncoded: texts alone over
+// MaxPayload are refused with ErrTooLarge before the encoder copies them,
+// so refusing a 100 MiB reply (the size of the one once lost) allocates
+// next to nothing.
+func TestAnEventTooLargeIsRefusedBeforeItIsEncoded(t *testing.T) {
+	ev := events.ModelCallResult{RunID: "run-1", ResultID: "r", Reply: &events.ModelReply{Content: strings.Repeat("x", 100<<20)}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := events.Marshal(ev)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, events.ErrTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(events.MaxPayload)) {
+		t.Fatalf("Marshal of a 100 MiB reply: %v, want ErrTooLarge naming %d", err, events.MaxPayload)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Errorf("refusing a 100 MiB reply allocated %d KiB", got>>10)
 	}
 }
 

@@ -283,6 +283,11 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 // compressed; otherwise without any.
 func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, payload any, refs *stepRefs, err error) {
 	deduped, refs := withRefs(ev, lastReply)
+	// Every text textBytes counts is encoded whole, so texts over the bound
+	// are refused before the encoder copies them (100 MiB of reply, once).
+	if n := textBytes(deduped); n > MaxPayload {
+		return "", nil, nil, fmt.Errorf("%w: its texts alone are %d bytes, more than events.MaxPayload (%d)", ErrTooLarge, n, MaxPayload)
+	}
 	for {
 		p.payloadBuf.Reset()
 		if n := textBytes(deduped); n > 1<<20 {
@@ -316,7 +321,8 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 }
 
 // textBytes is the size of ev's texts, the bulk of its payload when it is
-// large: a size hint for the encoder.
+// large: a size hint for the encoder, and a lower bound of the payload's
+// size (each text it counts is encoded whole).
 func textBytes(ev Event) int {
 	n := 0
 	str := func(s *string) {
