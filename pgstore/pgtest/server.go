@@ -18,6 +18,11 @@ package pgtest
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -97,10 +102,18 @@ func Start(o Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	// A password, so tests can present a wrong one.
+	// A password, so tests can present a wrong one. initdb is given its
+	// SCRAM secret, which the server stores as it is (see scramSecret).
 	s.Password = fmt.Sprintf("pw%d", time.Now().UnixNano())
+	salt := make([]byte, 16)
+	rand.Read(salt)
+	secret, err := scramSecret(s.Password, salt, scramIterations)
+	if err != nil {
+		s.remove()
+		return nil, err
+	}
 	pwfile := filepath.Join(dir, "pwfile")
-	if err := os.WriteFile(pwfile, []byte(s.Password+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(pwfile, []byte(secret+"\n"), 0o600); err != nil {
 		s.remove()
 		return nil, err
 	}
@@ -507,4 +520,33 @@ func StoreForms(t testing.TB) (password string, forms []string) {
 	}
 	scheme, rest, _ := strings.Cut(target, "://")
 	return password, []string{target, strings.ToUpper(scheme) + "://" + rest, strings.Join(kv, " ")}
+}
+
+// scramIterations is the PBKDF2 iteration count of the throwaway server's
+// password, where PostgreSQL's default is 4,096. Every connection a test
+// opens makes the client compute PBKDF2 with it; under the race detector
+// 4,096 iterations took seconds of each PostgreSQL test package's CPU.
+// The server guards nothing a guessed password would expose (a Unix
+// socket in a private directory, a cluster deleted after the tests);
+// authentication itself is unchanged, SCRAM-SHA-256 with a password the
+// tests present.
+const scramIterations = 1
+
+// scramSecret is the SCRAM-SHA-256 secret of password (RFC 5802, RFC 7677)
+// in PostgreSQL's stored form, "SCRAM-SHA-256$ITERATIONS:SALT$STOREDKEY:
+// SERVERKEY". Given a password in this form, PostgreSQL stores it as it
+// is instead of hashing it with its own iteration count.
+func scramSecret(password string, salt []byte, iterations int) (string, error) {
+	salted, err := pbkdf2.Key(sha256.New, password, salt, iterations, sha256.Size)
+	if err != nil {
+		return "", fmt.Errorf("pgtest: scram secret: %w", err)
+	}
+	mac := func(msg string) []byte {
+		h := hmac.New(sha256.New, salted)
+		h.Write([]byte(msg))
+		return h.Sum(nil)
+	}
+	stored := sha256.Sum256(mac("Client Key"))
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Sprintf("SCRAM-SHA-256$%d:%s$%s:%s", iterations, b64(salt), b64(stored[:]), b64(mac("Server Key"))), nil
 }
