@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/polyloop/polyloop/kv"
@@ -36,12 +37,8 @@ func TestTheCorpusRefusesWhatIsNoStore(t *testing.T) {
 // on its page, a zeroed page only inside that page, a truncated copy is
 // the file's prefix; and the corpus holds every kind for every page.
 func TestEachCopyIsDamagedWhereItsNameSays(t *testing.T) {
-	file := newStoreFile(t)
+	file, corpus := emptyStoreCorpus(t)
 	const ps = kv.DefaultPageSize
-	corpus, err := kvtest.DamageCorpus(file)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The meta fields as bbolt lays them out after a page's 16-byte header.
 	metaField := map[string]int{"magic": 16, "page size": 24, "root": 32, "freelist": 48, "high-water mark": 56, "txid": 64, "checksum": 72}
 	kinds := map[string]int{}
@@ -113,11 +110,7 @@ func deref(a []any) []any {
 // each kind and every nth after it, so a test at a small count still
 // meets bit flips, truncations, zeroed pages and each meta field.
 func TestASampleMeetsEveryKindOfDamage(t *testing.T) {
-	file := newStoreFile(t)
-	corpus, err := kvtest.DamageCorpus(file)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, corpus := emptyStoreCorpus(t)
 	if got := kvtest.Sample(corpus, 1); len(got) != len(corpus) {
 		t.Fatalf("Sample(corpus, 1) kept %d of %d", len(got), len(corpus))
 	}
@@ -146,12 +139,8 @@ func TestASampleMeetsEveryKindOfDamage(t *testing.T) {
 // TestDamageSampleIsTheSampleOfTheCorpus: DamageSample makes exactly the
 // copies Sample keeps of the whole corpus, byte for byte.
 func TestDamageSampleIsTheSampleOfTheCorpus(t *testing.T) {
-	file := newStoreFile(t)
-	corpus, err := kvtest.DamageCorpus(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range []int{1, 7, 64} {
+	file, corpus := emptyStoreCorpus(t)
+	for _, n := range []int{2, 7, 64} {
 		want := kvtest.Sample(corpus, n)
 		got, err := kvtest.DamageSample(file, n)
 		if err != nil {
@@ -168,20 +157,44 @@ func TestDamageSampleIsTheSampleOfTheCorpus(t *testing.T) {
 	}
 }
 
-// newStoreFile is the bytes of a new, empty store file.
-func newStoreFile(t *testing.T) []byte {
+// emptyStoreCorpus is a new, empty store file and its damage corpus,
+// made once for the tests that only read them (several thousand copies:
+// seconds under the race detector).
+func emptyStoreCorpus(t *testing.T) ([]byte, []kvtest.Damaged) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "s.db")
+	corpusOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kvtest-")
+		if err != nil {
+			corpusErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		if corpusFile, corpusErr = storeFile(dir); corpusErr == nil {
+			corpus, corpusErr = kvtest.DamageCorpus(corpusFile)
+		}
+	})
+	if corpusErr != nil {
+		t.Fatal(corpusErr)
+	}
+	return corpusFile, corpus
+}
+
+var (
+	corpusOnce sync.Once
+	corpusFile []byte
+	corpus     []kvtest.Damaged
+	corpusErr  error
+)
+
+// storeFile writes a new, empty store in dir and returns its bytes.
+func storeFile(dir string) ([]byte, error) {
+	path := filepath.Join(dir, "s.db")
 	s, err := kv.Open(path, kv.Options{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := s.Close(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	file, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return file
+	return os.ReadFile(path)
 }
