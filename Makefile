@@ -57,12 +57,17 @@ check: fmt
 #   tree beside the test run's own compile of it.
 # - -p 3: tests wait on PostgreSQL, Chromium, sockets and child
 #   processes; a third package at a time fills the core they leave idle.
+# - WAITING first: the packages whose tests spend most of their time
+#   waiting (a browser, servers starting and dying) are compiled and run
+#   first, beside the rest, instead of last and alone (go test runs
+#   packages in the order given; ./... then adds the others once).
 CIFLAGS  = -gcflags=all=-dwarf=false -ldflags=-w
+WAITING  = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin
 UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.ImportPath}}{{end}}' $(PKGS))
 ci: export GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
 ci: fmt test-notice
 	$(GO) build -race $(PKGS)
-	$(GO) test -race -count=1 -vet=all -p 3 $(PKGS)
+	$(GO) test -race -count=1 -vet=all -p 3 $(WAITING) $(PKGS)
 	$(if $(strip $(UNTESTED)),$(GO) vet -race $(UNTESTED))
 
 # The long soaks at full count (POLYLOOP_SOAK=1, package internal/soak):
