@@ -51,10 +51,12 @@ check: fmt
 #   compile and link; stack traces and race reports read the binary's
 #   own tables, not DWARF). Exported in GOFLAGS, so the go commands the
 #   tests run (internal/testbuild, go list) build alike and hit the cache.
-# - go build first: the tests that build commands to run as processes
-#   (--version, polyloop-inspect's, the refund example's) start as soon
-#   as their small test binaries link, and would otherwise compile the
-#   tree beside the test run's own compile of it.
+# - go build of the libraries first (LIBS: every package but the
+#   commands, whose binaries nothing would use): the tests that build
+#   commands to run as processes (--version, polyloop-inspect's, the
+#   refund example's) start as soon as their small test binaries link,
+#   and would otherwise compile the tree beside the test run's own
+#   compile of it.
 # - -p 3: tests wait on PostgreSQL, Chromium, sockets and child
 #   processes; a third package at a time fills the core they leave idle.
 # - WAITING first: the packages whose tests spend most of their time
@@ -63,10 +65,11 @@ check: fmt
 #   packages in the order given; ./... then adds the others once).
 CIFLAGS  = -gcflags=all=-dwarf=false -ldflags=-w
 WAITING  = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin
+LIBS     = $(shell $(GO) list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' $(PKGS))
 UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.ImportPath}}{{end}}' $(PKGS))
 ci: export GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
 ci: fmt test-notice
-	$(GO) build -race $(PKGS)
+	$(GO) build -race $(LIBS)
 	$(GO) test -race -count=1 -vet=all -p 3 $(WAITING) $(PKGS)
 	$(if $(strip $(UNTESTED)),$(GO) vet -race $(UNTESTED))
 
