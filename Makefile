@@ -52,8 +52,9 @@ check: fmt
 #   compile and link; stack traces and race reports read the binary's
 #   own tables, not DWARF). Exported in GOFLAGS, so the go commands the
 #   tests run (internal/testbuild, go list) build alike and hit the cache.
-# - go build of the libraries first (LIBS: every package but the
-#   commands, whose binaries nothing would use): the tests that build
+# - go build of the libraries first (LIBS: the packages with code of
+#   their own but the commands, whose binaries nothing would use; the
+#   module's root holds only a test): the tests that build
 #   commands to run as processes (--version, polyloop-inspect's, the
 #   refund example's) start as soon as their small test binaries link,
 #   and would otherwise compile the tree beside the test run's own
