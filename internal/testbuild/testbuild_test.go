@@ -42,7 +42,8 @@ func TestAProgramIsBuiltAsTheTestBinaryWas(t *testing.T) {
 }
 
 // buildFlags is what go version -m reads from the binary at path of the
-// flags Build copies: "-race=true", "-gcflags=…" and so on, in its order.
+// flags Build copies: "-race=true", "-gcflags=…" and so on, in its order,
+// as it prints them (a value holding a space in quotes).
 func buildFlags(t *testing.T, path string) []string {
 	out, err := exec.Command("go", "version", "-m", path).Output()
 	if err != nil {
@@ -50,7 +51,7 @@ func buildFlags(t *testing.T, path string) []string {
 	}
 	var flags []string
 	for _, l := range strings.Split(string(out), "\n") {
-		f := strings.Fields(l)
+		f := strings.SplitN(strings.TrimSpace(l), "\t", 2)
 		if len(f) != 2 || f[0] != "build" {
 			continue
 		}
