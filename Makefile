@@ -69,7 +69,7 @@ CIFLAGS  = -gcflags=all=-dwarf=false -ldflags=-w
 WAITING  = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin
 LIBS     = $(shell $(GO) list -f '{{if and .GoFiles (ne .Name "main")}}{{.ImportPath}}{{end}}' $(PKGS))
 UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.ImportPath}}{{end}}' $(PKGS))
-ci: export GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
+ci: export override GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
 ci: fmt test-notice
 	$(GO) build -race $(LIBS)
 	$(GO) test -race -count=1 -vet=all -p 3 $(WAITING) $(PKGS)
