@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -548,9 +547,6 @@ func TestCompressedPayloadsAreBounded(t *testing.T) {
 // not; a larger one is refused when writing, with ErrTooLarge naming the
 // limit — never written and then refused as damage when read.
 func TestWhatMarshalWritesUnmarshalReads(t *testing.T) {
-	// No collection meanwhile: under the race detector a collection that
-	// starts while a 64 MiB value is copied spins until the copy ends.
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	reply := func(content string) events.Event {
 		return events.ModelCallResult{RunID: "run-1", ResultID: "r", Reply: &events.ModelReply{Content: content}}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -259,11 +258,6 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		// then refused as damage was) round-trips; one over it is refused
 		// with events.ErrTooLarge, together with the rest of its append,
 		// and the stream goes on from where it was.
-		//
-		// No collection meanwhile: under the race detector a collection
-		// that starts while a 64 MiB value is copied spins until the copy
-		// ends, and cost this test more CPU than its work (12 s against 7).
-		defer debug.SetGCPercent(debug.SetGCPercent(-1))
 		s := open(t)
 		stream := SoundStream("big")
 		mustAppend(t, s, "big", stream[:2]...) // RunStarted, the model intent
