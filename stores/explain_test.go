@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
 	"github.com/polyloop/polyloop/stores"
@@ -67,17 +68,8 @@ func hold(path string) {
 func TestExplainSaysEachCauseOnceNamingTheStoreOnce(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	missing := filepath.Join(dir, "none", "x.db")
-	text := filepath.Join(dir, "passwd")
-	if err := os.WriteFile(text, []byte(strings.Repeat("root:x:0:0:root:/root:/bin/bash\n", 200)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	heldHere := filepath.Join(dir, "here.db")
-	s, err := kv.Open(heldHere, kv.Options{NoServe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	u := kvtest.UnopenableStores(t, dir)
+	missing, text, heldHere := u.Missing, u.NotAStore, u.Held
 	long := filepath.Join(dir, strings.Repeat("d", 100))
 	if err := os.Mkdir(long, 0o700); err != nil {
 		t.Fatal(err)

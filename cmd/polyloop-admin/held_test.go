@@ -2,12 +2,12 @@ package main
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/proptest"
 )
 
@@ -37,17 +37,8 @@ func TestAWriteToAHeldFileSaysStopTheWriter(t *testing.T) {
 // are each said once, naming the store once, without package prefixes.
 func TestAStoreThatCannotBeOpenedIsOneSentence(t *testing.T) {
 	dir := t.TempDir()
-	missing := filepath.Join(dir, "none", "x.db")
-	text := filepath.Join(dir, "passwd")
-	if err := os.WriteFile(text, []byte(strings.Repeat("root:x:0:0:root:/root:/bin/bash\n", 200)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	held := filepath.Join(dir, "held.db")
-	s, err := kv.Open(held, kv.Options{NoServe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	u := kvtest.UnopenableStores(t, dir)
+	missing, text, held := u.Missing, u.NotAStore, u.Held
 	for _, c := range []struct {
 		args []string
 		want string

@@ -21,6 +21,7 @@ import (
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
 	"github.com/polyloop/polyloop/kv"
+	"github.com/polyloop/polyloop/kv/kvtest"
 	"github.com/polyloop/polyloop/proptest"
 	"github.com/polyloop/polyloop/seams"
 	"github.com/polyloop/polyloop/seams/seamstest"
@@ -469,17 +470,8 @@ func TestExportIsOneTable(t *testing.T) {
 // package prefixes.
 func TestAStoreThatCannotBeOpenedIsOneSentence(t *testing.T) {
 	dir := t.TempDir()
-	missing := filepath.Join(dir, "none", "x.db")
-	text := filepath.Join(dir, "passwd")
-	if err := os.WriteFile(text, []byte(strings.Repeat("root:x:0:0:root:/root:/bin/bash\n", 200)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	held := filepath.Join(dir, "held.db")
-	s, err := kv.Open(held, kv.Options{NoServe: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	u := kvtest.UnopenableStores(t, dir)
+	missing, text, held := u.Missing, u.NotAStore, u.Held
 	old := lockWait
 	lockWait = 50 * time.Millisecond
 	defer func() { lockWait = old }()
