@@ -54,6 +54,11 @@
 //	                          &live= (running, awaiting or interrupted: what
 //	                          the client shows; running if absent)
 //
+// A follow stream of a run in progress lasts until the client leaves or the
+// request's context ends, and http.Server.Shutdown waits for it: a service
+// that mounts the viewer gives its server a BaseContext it cancels when it
+// shuts down.
+//
 // Run ids go in the query, not the path: an id may hold any character a
 // run id may (seams.ValidRunID). A request naming an id no store keeps is
 // answered 400 with what is wrong with it, on every store alike.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -518,4 +519,41 @@ func followAll(t *testing.T, ctx context.Context, url string, stream []events.En
 		t.Fatalf("the stream sent\n%s\n(%v), want\n%s", got, err, want)
 	}
 	return resp
+}
+
+// TestAFollowEndsWithTheServersBaseContext: a follow stream on a run in
+// progress lasts until the client leaves, so http.Server.Shutdown waits
+// for it; a server whose BaseContext is cancelled when it shuts down, as
+// the package doc says to give it, ends the stream and shuts down.
+func TestAFollowEndsWithTheServersBaseContext(t *testing.T) {
+	store, _ := fixture(t)
+	stream, err := store.Load(context.Background(), "doubt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, stop := context.WithCancel(context.Background())
+	defer stop()
+	srv := &http.Server{Handler: viewer.New(store, viewer.Options{Poll: time.Millisecond}),
+		BaseContext: func(net.Listener) context.Context { return base }}
+	go srv.Serve(ln)
+	resp := followAll(t, context.Background(), "http://"+ln.Addr().String(), stream)
+	defer resp.Body.Close()
+	waiting, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := srv.Shutdown(waiting); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown with a follow stream open: %v, want it to wait for the stream", err)
+	}
+	stop()
+	done, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	if err := srv.Shutdown(done); err != nil {
+		t.Fatalf("Shutdown once the base context ended: %v", err)
+	}
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Fatalf("the stream did not end cleanly: %v", err)
+	}
 }
