@@ -48,7 +48,7 @@ check: fmt
 # packages with tests: go vet takes the rest (UNTESTED; compiled by then).
 #
 # What keeps it short (five and a half to six minutes on two cores from an
-# empty build cache):
+# empty build cache, by the machine's load):
 # - CIFLAGS: no DWARF from the compiler or the linker (a fifth less to
 #   compile and link; stack traces and race reports read the binary's
 #   own tables, not DWARF). Exported in GOFLAGS, so the go commands the
@@ -64,8 +64,10 @@ check: fmt
 #   waiting (a browser, servers starting and dying) are compiled and run
 #   first, beside the rest, instead of last and alone (go test runs
 #   packages in the order given; ./... then adds the others once).
-# (Three packages at a time, -p 3, took as long as go test's default of
-# two, and 60 CPU-seconds more.)
+# - -p 3: tests wait on PostgreSQL, Chromium, sockets and child processes,
+#   and a third package at a time uses the time they leave; it costs more
+#   CPU (about 60 seconds more) and saves little wall time: 318-349 s in
+#   four cold runs, against 335 and 368 s with go test's default of two.
 CIFLAGS  = -gcflags=all=-dwarf=false -ldflags=-w
 WAITING  = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin
 LIBS     = $(shell $(GO) list -f '{{if and .GoFiles (ne .Name "main")}}{{.ImportPath}}{{end}}' $(PKGS))
@@ -73,7 +75,7 @@ UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.I
 ci: export override GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
 ci: fmt test-notice
 	$(GO) build -race $(LIBS)
-	$(GO) test -race -count=1 -vet=all $(WAITING) $(PKGS)
+	$(GO) test -race -count=1 -vet=all -p 3 $(WAITING) $(PKGS)
 	$(if $(strip $(UNTESTED)),$(GO) vet -race $(UNTESTED))
 
 # The long soaks at full count (POLYLOOP_SOAK=1, package internal/soak):
