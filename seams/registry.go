@@ -246,6 +246,9 @@ func validateJSON(schema *jsonschema.Schema, tool string, doc []byte) error {
 		return fmt.Errorf("%w for %q: %v", ErrInvalidArguments, tool, err)
 	}
 	if err := schema.Validate(v); err != nil {
+		if ve, ok := errors.AsType[*jsonschema.ValidationError](err); ok {
+			return fmt.Errorf("%w for %q: %s", ErrInvalidArguments, tool, rejectionText(ve))
+		}
 		return fmt.Errorf("%w for %q: %v", ErrInvalidArguments, tool, err)
 	}
 	return nil
