@@ -402,10 +402,25 @@ func (d *driver) emit(ctx context.Context, env events.Envelope) {
 	}
 }
 
+// panicText words a recovered panic value, at most events.MaxTextBytes of
+// it, which is all a run stores: a string or an error is clipped before it
+// is formatted (fmt copied a parser's 32 MiB panic string whole, seconds
+// under the race detector, for all but 8 MiB of it to be cut).
+func panicText(p any) string {
+	s, ok := p.(string)
+	if err, isErr := p.(error); isErr {
+		s, ok = err.Error(), true
+	}
+	if !ok {
+		s = fmt.Sprint(p)
+	}
+	return events.Clip(s, events.MaxTextBytes)
+}
+
 func (d *driver) callModel(ctx context.Context, call seams.ModelCall) (reply events.ModelReply, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			reply, err = events.ModelReply{}, fmt.Errorf("model client panicked: %v", p)
+			reply, err = events.ModelReply{}, fmt.Errorf("model client panicked: %s", panicText(p))
 		}
 	}()
 	return d.def.Model.Call(ctx, call)
@@ -414,7 +429,7 @@ func (d *driver) callModel(ctx context.Context, call seams.ModelCall) (reply eve
 func (d *driver) execute(ctx context.Context, call seams.ActionCall) (out events.ActionOutcome, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			out, err = events.ActionOutcome{}, fmt.Errorf("executor panicked: %v", p)
+			out, err = events.ActionOutcome{}, fmt.Errorf("executor panicked: %s", panicText(p))
 		}
 	}()
 	return d.req.Executor.Execute(ctx, call)

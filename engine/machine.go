@@ -501,7 +501,7 @@ func safeParse(p seams.DecisionParser, r events.ModelReply) (seams.ParsedReply, 
 	out := func() (out seams.ParsedReply) {
 		defer func() {
 			if v := recover(); v != nil {
-				out = seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: fmt.Sprintf("parser panicked: %v", v)}}
+				out = seams.ParsedReply{HistoryText: r.Content, Decision: seams.InvalidDecision{Explanation: "parser panicked: " + panicText(v)}}
 			}
 		}()
 		return p.Parse(r)
