@@ -217,6 +217,31 @@ type pooledEncoder struct {
 	z          []byte // the compressed payload, reused (copied into buf before the encoder goes back to the pool)
 }
 
+// maxPooledBytes bounds the buffers an encoder keeps between events: one
+// large event's (up to MaxPayload, several times over) are left to the
+// collector rather than held for the small ones that follow.
+const maxPooledBytes = 4 << 20
+
+// release returns p to the pool, unless its buffers grew past
+// maxPooledBytes.
+func (p *pooledEncoder) release() {
+	if p.buf.Cap()+p.payloadBuf.Cap()+cap(p.z) > maxPooledBytes {
+		return
+	}
+	encoders.Put(p)
+}
+
+// payloadLen is the size of a payload encodePayload returned.
+func payloadLen(payload any) int {
+	switch v := payload.(type) {
+	case []byte:
+		return len(v)
+	case msgpack.RawMessage:
+		return len(v)
+	}
+	return 0
+}
+
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
 // and a checksum field for Seal to fill in once the value's key is known).
 // It refuses an event that fails Validate, so nothing invalid is written.
@@ -237,11 +262,14 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 		return nil, fmt.Errorf("events: invalid %s: %w", ev.Kind(), err)
 	}
 	p := encoders.Get().(*pooledEncoder)
-	defer encoders.Put(p)
+	defer p.release()
 	p.buf.Reset()
 	payloadKey, payload, refs, err := p.encodePayload(ev, lastReply)
 	if err != nil {
 		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
+	}
+	if n := payloadLen(payload); n > 1<<20 {
+		p.buf.Grow(n + 4096) // as payloadBuf: one allocation, no doubling
 	}
 	// The fields in a fixed order, the checksum last. Written call by call:
 	// a slice of the fields as []any cost an allocation and a boxing per
