@@ -405,6 +405,7 @@ func Main(m *testing.M, examples ...string) int {
 		}
 	}
 	code := m.Run()
+	dropper.close()
 	for _, srv := range []*Server{shared.srv, durable.srv} {
 		if srv != nil {
 			if err := srv.Stop(); err != nil {
@@ -435,10 +436,50 @@ func dropSchema(name string) {
 			continue
 		}
 		seen[dsn] = true
-		if conn, err := pgx.Connect(ctx, dsn); err == nil {
-			conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
-			conn.Close(ctx)
+		dropper.exec(ctx, dsn, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
+	}
+}
+
+// dropper keeps one connection per server for the drops: a connection is
+// a server process forked and initialised, and a connection per test's
+// drop was a sixth of what the PostgreSQL tests cost the server.
+var dropper = conns{byDSN: map[string]*pgx.Conn{}}
+
+type conns struct {
+	sync.Mutex
+	byDSN map[string]*pgx.Conn
+}
+
+// exec runs sql on dsn's kept connection, connecting (again, once, if the
+// kept one failed: a restarted server) as needed. A failed drop leaves
+// the schema behind, which harms nothing: names are never reused.
+func (c *conns) exec(ctx context.Context, dsn, sql string) {
+	c.Lock()
+	defer c.Unlock()
+	for range 2 {
+		conn := c.byDSN[dsn]
+		if conn == nil {
+			var err error
+			if conn, err = pgx.Connect(ctx, dsn); err != nil {
+				return
+			}
+			c.byDSN[dsn] = conn
 		}
+		if _, err := conn.Exec(ctx, sql); err == nil {
+			return
+		}
+		conn.Close(ctx)
+		delete(c.byDSN, dsn)
+	}
+}
+
+// close closes the kept connections.
+func (c *conns) close() {
+	c.Lock()
+	defer c.Unlock()
+	for dsn, conn := range c.byDSN {
+		conn.Close(context.Background())
+		delete(c.byDSN, dsn)
 	}
 }
 
