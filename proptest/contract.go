@@ -261,9 +261,12 @@ func RunStoreContract(t *testing.T, open func(t *testing.T) seams.RunStore) {
 		s := open(t)
 		stream := SoundStream("big")
 		mustAppend(t, s, "big", stream[:2]...) // RunStarted, the model intent
+		// One text, the reply at the limit its prefix (under the race
+		// detector each 64 MiB made costs a second).
+		text := strings.Repeat("all work and no play ", (events.MaxPayload+64)/21+1)
 		reply := func(n int) events.ModelCallResult {
 			r := stream[2].(events.ModelCallResult)
-			r.Reply = &events.ModelReply{Content: strings.Repeat("all work and no play ", n/21)}
+			r.Reply = &events.ModelReply{Content: text[:n]}
 			return r
 		}
 		_, err := s.Append(ctx, "big", tail(t, s, "big"), reply(events.MaxPayload+64), stream[3])
