@@ -20,6 +20,7 @@ import (
 
 	"github.com/polyloop/polyloop/engine"
 	"github.com/polyloop/polyloop/events"
+	"github.com/polyloop/polyloop/internal/soak"
 	"github.com/polyloop/polyloop/parsers"
 	"github.com/polyloop/polyloop/pgstore"
 	"github.com/polyloop/polyloop/pgstore/pgtest"
@@ -319,9 +320,10 @@ func heldBy(t *testing.T, s seams.RunReader, owner string) int {
 }
 
 // TestAFleetOfWorkerProcessesSurvivesKills: three worker processes on one
-// PostgreSQL database drive 300 submitted runs of safe and never tools;
-// one worker at a time is killed with SIGKILL at a random moment and a
-// new one started, several times; one is stopped with SIGTERM. Every run
+// PostgreSQL database drive submitted runs of safe and never tools (150,
+// or 300 under make soak); one worker at a time is killed with SIGKILL at
+// a random moment and a new one started (twice, or four times); one is
+// stopped with SIGTERM. Every run
 // finishes (agent_finished, or resume_state_unknown for a charge a kill
 // left in doubt), no charge is executed twice, a dead worker's runs are
 // all taken over once its lease runs out (the time it took is logged),
@@ -333,7 +335,9 @@ func TestAFleetOfWorkerProcessesSurvivesKills(t *testing.T) {
 	}
 	target := pgtest.StoreURL(t) + "&" + pgstore.LeaseParam + "=" + fleetLease.String()
 	ledgerPath := filepath.Join(t.TempDir(), "ledger")
-	submitFleet(t, target, 300)
+	runs, kills := soak.Count(150, 300), soak.Count(2, 4)
+	t.Logf("%d runs, %d kills", runs, kills)
+	submitFleet(t, target, runs)
 	reader, err := stores.Open(context.Background(), target, stores.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -358,7 +362,7 @@ func TestAFleetOfWorkerProcessesSurvivesKills(t *testing.T) {
 		takeovers  []time.Duration
 		watching   sync.WaitGroup
 	)
-	for kill := range 4 {
+	for kill := range kills {
 		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
 		i := rand.IntN(len(workers))
 		victim := workers[i]
@@ -416,8 +420,9 @@ func TestAFleetOfWorkerProcessesSurvivesKills(t *testing.T) {
 }
 
 // TestAPoolOnABboltFilePicksUpWhatAKilledProcessLeft: one worker process
-// at a time holds the file; it is killed at random moments and started
-// again, and each new one picks up every unfinished run; at the end all
+// at a time holds the file (100 runs, or 200 under make soak); it is
+// killed at random moments (twice, or three times) and started again, and
+// each new one picks up every unfinished run; at the end all
 // are finished, no charge executed twice.
 func TestAPoolOnABboltFilePicksUpWhatAKilledProcessLeft(t *testing.T) {
 	if testing.Short() {
@@ -425,10 +430,12 @@ func TestAPoolOnABboltFilePicksUpWhatAKilledProcessLeft(t *testing.T) {
 	}
 	dir := t.TempDir()
 	target, ledgerPath := filepath.Join(dir, "runs.db"), filepath.Join(dir, "ledger")
-	submitFleet(t, target, 200)
+	runs, kills := soak.Count(100, 200), soak.Count(2, 3)
+	t.Logf("%d runs, %d kills", runs, kills)
+	submitFleet(t, target, runs)
 	// Tools of up to 100 ms: the runs outlast the first kills.
 	env := []string{childToolMillisEnv + "=100"}
-	for kill := range 3 {
+	for kill := range kills {
 		w := startFleetChild(t, target, ledgerPath, env...)
 		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		w.cmd.Process.Signal(syscall.SIGKILL)
