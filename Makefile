@@ -60,22 +60,25 @@ check: fmt
 #   refund example's) start as soon as their small test binaries link,
 #   and would otherwise compile the tree beside the test run's own
 #   compile of it.
-# - WAITING first: the packages whose tests spend most of their time
-#   waiting (a browser, servers starting and dying) are compiled and run
-#   first, beside the rest, instead of last and alone (go test runs
-#   packages in the order given; ./... then adds the others once).
+# - FIRST first: the packages whose tests spend most of their time
+#   waiting (a browser, servers starting and dying, worker processes),
+#   then the five whose tests take longest, are compiled and run first,
+#   beside the rest, instead of last and alone (go test runs packages in
+#   the order given; ./... then adds the others once): the short ones
+#   fill the end, where one long package alone left a core idle.
 # - -p 3: tests wait on PostgreSQL, Chromium, sockets and child processes,
 #   and a third package at a time uses the time they leave; it costs more
 #   CPU (about 60 seconds more) and saves little wall time: 318-349 s in
 #   four cold runs, against 335 and 368 s with go test's default of two.
 CIFLAGS  = -gcflags=all=-dwarf=false -ldflags=-w
-WAITING  = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin
+FIRST    = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin ./worker \
+           ./proptest ./pgstore ./kv ./engine ./events
 LIBS     = $(shell $(GO) list -f '{{if and .GoFiles (ne .Name "main")}}{{.ImportPath}}{{end}}' $(PKGS))
 UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.ImportPath}}{{end}}' $(PKGS))
 ci: export override GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
 ci: fmt test-notice
 	$(GO) build -race $(LIBS)
-	$(GO) test -race -count=1 -vet=all -p 3 $(WAITING) $(PKGS)
+	$(GO) test -race -count=1 -vet=all -p 3 $(FIRST) $(PKGS)
 	$(if $(strip $(UNTESTED)),$(GO) vet -race $(UNTESTED))
 
 # The long soaks at full count (POLYLOOP_SOAK=1, package internal/soak):
