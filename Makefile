@@ -66,6 +66,12 @@ check: fmt
 #   beside the rest, instead of last and alone (go test runs packages in
 #   the order given; ./... then adds the others once): the short ones
 #   fill the end, where one long package alone left a core idle.
+# - GORACE=atexit_sleep_ms=0 (unless GORACE names it): a program built
+#   with -race sleeps a second as it exits, for other threads' race
+#   reports to print; a test binary fails on a race as it happens, and
+#   the exit status says so too. Each of the 40 test binaries held its
+#   place among the -p 3 for that second, and a test waited a second more
+#   for each program it ran and waited for.
 # - -p 3: tests wait on PostgreSQL, Chromium, sockets and child processes,
 #   and a third package at a time uses the time they leave; it costs more
 #   CPU (about 60 seconds more) and saves little wall time: 318-349 s in
@@ -76,6 +82,7 @@ FIRST    = ./viewer ./otelsink ./pgstore/pgtest ./cmd/polyloop-admin ./worker \
 LIBS     = $(shell $(GO) list -f '{{if and .GoFiles (ne .Name "main")}}{{.ImportPath}}{{end}}' $(PKGS))
 UNTESTED = $(shell $(GO) list -f '{{if not (or .TestGoFiles .XTestGoFiles)}}{{.ImportPath}}{{end}}' $(PKGS))
 ci: export override GOFLAGS := $(strip $(GOFLAGS) $(CIFLAGS))
+ci: export override GORACE := $(if $(findstring atexit_sleep_ms,$(GORACE)),$(GORACE),$(strip $(GORACE) atexit_sleep_ms=0))
 ci: fmt test-notice
 	$(GO) build -race $(LIBS)
 	$(GO) test -race -count=1 -vet=all -p 3 $(FIRST) $(PKGS)
