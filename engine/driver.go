@@ -402,15 +402,14 @@ func (d *driver) emit(ctx context.Context, env events.Envelope) {
 	}
 }
 
-// panicText words a recovered panic value, at most events.MaxTextBytes of
-// it, which is all a run stores: a string or an error is clipped before it
-// is formatted (fmt copied a parser's 32 MiB panic string whole, seconds
-// under the race detector, for all but 8 MiB of it to be cut).
+// panicText words a recovered panic value as %v does, at most
+// events.MaxTextBytes of it, which is all a run stores: a string is
+// clipped before it is formatted (fmt copied a parser's 32 MiB panic
+// string whole, seconds under the race detector, for all but 8 MiB of it
+// to be cut); anything else is formatted by fmt, which also survives a
+// nil pointer's Error method panicking.
 func panicText(p any) string {
 	s, ok := p.(string)
-	if err, isErr := p.(error); isErr {
-		s, ok = err.Error(), true
-	}
 	if !ok {
 		s = fmt.Sprint(p)
 	}
