@@ -18,13 +18,15 @@ import (
 // MiB of text and most of a second's work, of which a run keeps
 // events.MaxTextBytes), and lists every additional property and every
 // failing item. Here each value and name taken from the arguments is cut to
-// quotedLimit bytes, a list to listLimit names, and the causes to
-// causeLimit lines, each cut saying what it left out; a small rejection
-// reads exactly as the library's.
+// quotedLimit bytes, a list to listLimit names or indices, a location to
+// its first and last locationEnds tokens, and the causes to causeLimit
+// lines, each cut saying what it left out; a small rejection reads exactly
+// as the library's.
 const (
-	quotedLimit = 256
-	listLimit   = 16
-	causeLimit  = 64
+	quotedLimit  = 256
+	listLimit    = 16
+	causeLimit   = 64
+	locationEnds = 8
 )
 
 var rejectionPrinter = message.NewPrinter(language.English)
@@ -74,11 +76,25 @@ func (w *rejectionWriter) line(e *jsonschema.ValidationError, indent int) {
 		w.sb.WriteString(k.LocalizedString(rejectionPrinter))
 		return
 	}
-	ptr := ""
-	for _, tok := range e.InstanceLocation {
-		ptr += "/" + strings.ReplaceAll(strings.ReplaceAll(clip(tok), "~", "~0"), "/", "~1")
+	w.sb.WriteString("at " + quote(location(e.InstanceLocation)) + ": " + k.LocalizedString(rejectionPrinter))
+}
+
+// location is the JSON pointer of an instance location, each token
+// clipped, and of a location deeper than 2×locationEnds tokens only the
+// first and last locationEnds, with a token counting those left out.
+func location(tokens []string) string {
+	var sb strings.Builder
+	for i, tok := range tokens {
+		if n := len(tokens) - 2*locationEnds; n > 0 && i >= locationEnds && i < len(tokens)-locationEnds {
+			if i == locationEnds {
+				fmt.Fprintf(&sb, "/… %d more", n)
+			}
+			continue
+		}
+		sb.WriteByte('/')
+		sb.WriteString(strings.ReplaceAll(strings.ReplaceAll(clip(tok), "~", "~0"), "/", "~1"))
 	}
-	w.sb.WriteString("at " + quote(ptr) + ": " + k.LocalizedString(rejectionPrinter))
+	return sb.String()
 }
 
 // bounded is k with what it quotes from the arguments cut, or k itself
@@ -107,9 +123,33 @@ func bounded(k jsonschema.ErrorKind) jsonschema.ErrorKind {
 		return &kind.ContentEncoding{Want: k.Want, Err: clippedError{k.Err}}
 	case *kind.ContentMediaType:
 		return &kind.ContentMediaType{Want: k.Want, Err: clippedError{k.Err}}
+	case *kind.MinContains:
+		if len(k.Got) > listLimit {
+			return worded{k, containsText("min", k.Want, k.Got)}
+		}
+	case *kind.MaxContains:
+		if len(k.Got) > listLimit {
+			return worded{k, containsText("max", k.Want, k.Got)}
+		}
 	}
 	return k
 }
+
+// containsText is minContains' or maxContains' message as the library
+// words it, listing the first listLimit indices of the items that matched.
+func containsText(bound string, want int, got []int) string {
+	list := fmt.Sprint(got[:listLimit])
+	return rejectionPrinter.Sprintf("%s %d items required to match contains schema, but matched %d items at %v",
+		bound, want, len(got), list[1:len(list)-1]+" …")
+}
+
+// worded is an error kind whose message is already written.
+type worded struct {
+	jsonschema.ErrorKind
+	text string
+}
+
+func (w worded) LocalizedString(*message.Printer) string { return w.text }
 
 // clip is s when it is at most quotedLimit bytes, else its first
 // quotedLimit bytes (whole runes) and the size it had.

@@ -50,6 +50,9 @@ func TestASmallRejectionReadsAsTheLibraryWordsIt(t *testing.T) {
 		{`{"$defs":{"s":{"type":"string"}},"type":"object","properties":{"q":{"$ref":"#/$defs/s"}}}`, `{"q":1}`},
 		{`{"type":"object","properties":{"q":{"allOf":[{"$ref":"#/$defs/s"},{"maxLength":1}]}},"$defs":{"s":{"pattern":"^x"}}}`, `{"q":"yy"}`},
 		{`{"type":"object","properties":{"q":{"not":{"type":"string"}}}}`, `{"q":"s"}`},
+		{`{"type":"object","properties":{"l":{"contains":{"type":"number"},"maxContains":1}}}`, `{"l":[1,"x",2,3]}`},
+		{`{"type":"object","properties":{"l":{"contains":{"type":"number"},"minContains":3}}}`, `{"l":[1,"x",2]}`},
+		{`{"$defs":{"n":{"type":"object","additionalProperties":{"$ref":"#/$defs/n"}}},"$ref":"#/$defs/n"}`, deep(16, "k")},
 	} {
 		ve := rejection(t, c.schema, c.args)
 		if got, want := rejectionText(ve), ve.Error(); got != want {
@@ -58,10 +61,17 @@ func TestASmallRejectionReadsAsTheLibraryWordsIt(t *testing.T) {
 	}
 }
 
+// deep is a JSON object nested depth times under key, a number at the
+// bottom.
+func deep(depth int, key string) string {
+	return strings.Repeat(`{"`+key+`":`, depth) + "1" + strings.Repeat("}", depth)
+}
+
 // TestALargeRejectionIsBounded: what a rejection quotes from the arguments
-// — a value once per failing branch, property names, failing items — is
-// cut, each cut saying what it left out, so a rejection of megabytes of
-// arguments is a few kilobytes however the schema branches.
+// — a value once per failing branch, property names, the location of a
+// deeply nested value, failing and matching items — is cut, each cut
+// saying what it left out, so a rejection of megabytes of arguments stays
+// small however the schema branches.
 func TestALargeRejectionIsBounded(t *testing.T) {
 	big := strings.Repeat("\u0085", 1<<20) // 2 MiB, each rune quoted as 6 bytes
 	many := func(n int) string {
@@ -76,6 +86,7 @@ func TestALargeRejectionIsBounded(t *testing.T) {
 		return sb.String() + "}"
 	}
 	items, _ := json.Marshal(map[string]any{"l": make([]int, 5000)})
+	matching, _ := json.Marshal(map[string]any{"l": make([]int, 200000)})
 	for _, c := range []struct {
 		name, schema, args string
 		says               []string
@@ -90,6 +101,10 @@ func TestALargeRejectionIsBounded(t *testing.T) {
 			[]string{"… 284 more"}},
 		{"many failing items", `{"type":"object","properties":{"l":{"type":"array","items":{"type":"string"}}}}`, string(items),
 			[]string{"at '/l/0': got number, want string", "more"}},
+		{"many matching items", `{"type":"object","properties":{"l":{"contains":{"type":"number"},"maxContains":1}}}`, string(matching),
+			[]string{"matched 200,000 items at 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 …"}},
+		{"a deep location", `{"$defs":{"n":{"type":"object","additionalProperties":{"$ref":"#/$defs/n"}}},"$ref":"#/$defs/n"}`,
+			deep(2000, strings.Repeat("k", 256)), []string{"/… 1984 more/", "got number, want object"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ve := rejection(t, c.schema, c.args)
