@@ -90,16 +90,15 @@ ci: fmt test-notice
 
 # The long soaks at full count (POLYLOOP_SOAK=1, package internal/soak):
 # 1,000 generated runs per property and the driver races, the SIGKILL
-# loops at 20 kills per store, the worker fleets (300 runs and 4 kills on
-# PostgreSQL, 200 and 3 on a file), a damaged run-id key at every 9th of
-# 300 keys, 200 decision races per store, every 7th
+# loops at 20 kills per store, the worker fleets' 4 kills on PostgreSQL
+# and 3 on a file, 200 decision races per store, every 7th
 # damaged copy of each kind refused and released by Open — under the race
 # detector — and then the whole damage corpus (make damage), without it:
 # 8,352 child processes, which the race detector would make slower than CI
 # allows. make test runs the same tests at smaller counts; CI runs both.
 # SOAK_RUN names every test that asks soak for its count
 # (TestSoakRunNamesEverySoakedTest checks).
-SOAK_RUN ?= Property|RealCrash|DamageCorpus|TwoDecisionsOnOneCall|DecisionRacingAResume|RefusedOpenReleases|FleetOfWorkerProcesses|PoolOnABboltFile|DamagedRunIDKeyIsCorruption
+SOAK_RUN ?= Property|RealCrash|DamageCorpus|TwoDecisionsOnOneCall|DecisionRacingAResume|RefusedOpenReleases|FleetOfWorkerProcesses|PoolOnABboltFile
 soak:
 	POLYLOOP_SOAK=1 $(GO) test -race -count=1 -timeout 60m -skip '^TestDamageCorpus$$' -run '$(SOAK_RUN)' ./proptest ./engine ./kv ./events ./worker
 	$(MAKE) damage
