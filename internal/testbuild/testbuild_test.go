@@ -15,13 +15,15 @@ import (
 // the build flags this test binary carries (the race detector, -gcflags,
 // -ldflags, -tags, -trimpath), as go version -m reads them back from
 // both — with GOFLAGS, which make ci sets and a child go command would
-// otherwise inherit, emptied for the build.
+// otherwise inherit, emptied for the build, and GORACE too (make ci sets
+// the atexit_sleep_ms=0 Build must add itself).
 func TestAProgramIsBuiltAsTheTestBinaryWas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a program")
 	}
 	dir := t.TempDir()
 	t.Setenv("GOFLAGS", "")
+	t.Setenv("GORACE", "")
 	if err := testbuild.Build(dir, nil, "github.com/polyloop/polyloop/cmd/polyloop-benchtable"); err != nil {
 		t.Fatal(err)
 	}
