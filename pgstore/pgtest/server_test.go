@@ -89,3 +89,41 @@ func TestADurableServerKeepsFsyncOn(t *testing.T) {
 		}
 	}
 }
+
+// TestATestsSchemaIsDroppedWhenItEnds: the schema Schema names for a test,
+// with what the test made in it, is gone once the test ends — also when
+// the connection the drops are made on was ended by the server meanwhile
+// (a restart, an administrator), which the next drop survives.
+func TestATestsSchemaIsDroppedWhenItEnds(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	exists := func(name string) bool {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	for round := range 3 {
+		var name string
+		t.Run(fmt.Sprint("round ", round), func(t *testing.T) {
+			name = pgtest.Schema(t)
+			if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{name}.Sanitize()+`; CREATE TABLE `+
+				pgx.Identifier{name, "events"}.Sanitize()+` (id int)`); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if exists(name) {
+			t.Fatalf("round %d: schema %s is left after its test ended", round, name)
+		}
+		// Every other session ends, the one the drops are made on with it.
+		if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
