@@ -69,7 +69,7 @@ check: fmt
 # - GORACE=atexit_sleep_ms=0 (unless GORACE names it): a program built
 #   with -race sleeps a second as it exits, for other threads' race
 #   reports to print; a test binary fails on a race as it happens, and
-#   the exit status says so too. Each of the 40 test binaries held its
+#   the exit status says so too. Each of the 36 test binaries held its
 #   place among the -p 3 for that second, and a test waited a second more
 #   for each program it ran and waited for.
 # - -p 3: tests wait on PostgreSQL, Chromium, sockets and child processes,
