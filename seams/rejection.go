@@ -15,9 +15,9 @@ import (
 // A schema rejection is worded as the JSON Schema library words it, with
 // a bound: the library quotes a failing value whole, once per schema branch
 // it fails (8 MiB of arguments against an anyOf of three patterns made 144
-// MiB of text and most of a second's work, of which a run keeps
-// events.MaxTextBytes), and lists every additional property and every
-// failing item. Here each value and name taken from the arguments is cut to
+// MiB of text, of which a run keeps events.MaxTextBytes), and lists every
+// additional property, every failing or matching item, every token of a
+// deeply nested location. Here each value and name taken from the arguments is cut to
 // quotedLimit bytes, a list to listLimit names or indices, a location to
 // its first and last locationEnds tokens, and the causes to causeLimit
 // lines, each cut saying what it left out; a small rejection reads exactly
