@@ -200,7 +200,10 @@ var (
 )
 
 // Validate checks a call against the registry: the tool must exist and the
-// arguments must satisfy its JSON Schema.
+// arguments must satisfy its JSON Schema. A rejection is worded as the JSON
+// Schema library words it, bounded however large the arguments: each value,
+// name or location token from them cut to 256 bytes saying its size, lists
+// to 16 entries, a location to its first and last 8 tokens, 64 causes.
 func (r *Registry) Validate(call ToolCall) error {
 	t, ok := r.tools[call.Name]
 	if !ok {
