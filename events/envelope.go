@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,13 +95,13 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 
 // wireEnvelope is the stored shape. Payload stays raw until the kind is known.
 type wireEnvelope struct {
-	Kind          string             `msgpack:"kind"`
-	SchemaVersion *string            `msgpack:"schema_version"`
-	Payload       msgpack.RawMessage `msgpack:"payload"`
-	PayloadZ      []byte             `msgpack:"payload_z"`  // the payload compressed (zstd), written by 1.2
-	PayloadS2     []byte             `msgpack:"payload_s2"` // the payload compressed (S2 block), since 1.3
-	Refs          *stepRefs          `msgpack:"refs"`       // fields derived from others (refs.go), since 1.3
-	CRC           *uint32            `msgpack:"crc"`
+	Kind          string     `msgpack:"kind"`
+	SchemaVersion *string    `msgpack:"schema_version"`
+	Payload       rawInPlace `msgpack:"payload"`
+	PayloadZ      binInPlace `msgpack:"payload_z"`  // the payload compressed (zstd), written by 1.2
+	PayloadS2     binInPlace `msgpack:"payload_s2"` // the payload compressed (S2 block), since 1.3
+	Refs          *stepRefs  `msgpack:"refs"`       // fields derived from others (refs.go), since 1.3
+	CRC           *uint32    `msgpack:"crc"`
 }
 
 // Compression: a payload of at least compressMin bytes is stored
@@ -231,17 +232,6 @@ func (p *pooledEncoder) release() {
 	encoders.Put(p)
 }
 
-// payloadLen is the size of a payload encodePayload returned.
-func payloadLen(payload any) int {
-	switch v := payload.(type) {
-	case []byte:
-		return len(v)
-	case msgpack.RawMessage:
-		return len(v)
-	}
-	return 0
-}
-
 // Marshal encodes ev as a stored value (kind, CurrentSchemaVersion, payload,
 // and a checksum field for Seal to fill in once the value's key is known).
 // It refuses an event that fails Validate, so nothing invalid is written.
@@ -268,12 +258,12 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
 	}
-	if n := payloadLen(payload); n > 1<<20 {
-		p.buf.Grow(n + 4096) // as payloadBuf: one allocation, no doubling
-	}
 	// The fields in a fixed order, the checksum last. Written call by call:
 	// a slice of the fields as []any cost an allocation and a boxing per
-	// field, with every event every run appends.
+	// field, with every event every run appends. The payload's bytes go
+	// from the encoder's buffer straight into dst, behind the header p.buf
+	// holds: through p.buf they were copied twice, and a large payload's
+	// was a second buffer of its size.
 	fields := 4
 	if refs != nil {
 		fields++
@@ -290,9 +280,21 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 	str("schema_version")
 	str(CurrentSchemaVersion)
 	str(payloadKey)
-	if err == nil {
-		err = e.Encode(payload)
+	var body []byte
+	switch v := payload.(type) {
+	case msgpack.RawMessage: // an encoded value, written as it is
+		body = v
+	case []byte: // compressed: a bin
+		if err == nil {
+			err = e.EncodeBytesLen(len(v))
+		}
+		body = v
 	}
+	if err != nil {
+		return nil, fmt.Errorf("events: encode %s: %w", ev.Kind(), err)
+	}
+	dst = append(append(grown(dst, p.buf.Len()+len(body)+64), p.buf.Bytes()...), body...)
+	p.buf.Reset()
 	if refs != nil {
 		str("refs")
 		if err == nil {
@@ -304,6 +306,20 @@ func AppendMarshalAfter(dst []byte, ev Event, lastReply *string) ([]byte, error)
 	}
 	p.buf.Write(crcTrailer)
 	return append(dst, p.buf.Bytes()...), nil
+}
+
+// grown is b with room for n more bytes. It is slices.Grow, but allocates
+// with make and copies only b: the compiler builds slices.Grow's
+// append(b, make(n)...) as a copy of n zeroes when it instruments for the
+// race detector, which for a 64 MiB payload under test was a quarter of
+// encoding it (shadow memory for the zeroes read and written).
+func grown(b []byte, n int) []byte {
+	if cap(b)-len(b) >= n {
+		return b
+	}
+	g := make([]byte, len(b), len(b)+n)
+	copy(g, b)
+	return g
 }
 
 // encodePayload encodes ev's payload, compressed when that pays, and with
@@ -318,10 +334,10 @@ func (p *pooledEncoder) encodePayload(ev Event, lastReply *string) (key string, 
 	}
 	for {
 		p.payloadBuf.Reset()
-		if n := textBytes(deduped); n > 1<<20 {
+		if n := textBytes(deduped) + 4096; n > 1<<20 && p.payloadBuf.Cap() < n {
 			// One allocation at size, not a doubling buffer's trail of
 			// garbage as large as the payload.
-			p.payloadBuf.Grow(n + 4096)
+			*p.payloadBuf = *bytes.NewBuffer(grown(nil, n))
 		}
 		if err := p.payload.Encode(deduped); err != nil {
 			return "", nil, nil, err
@@ -456,7 +472,7 @@ func unmarshal(runID string, id ulid.ULID, b []byte, reply *streamReply) (env En
 		}
 		w.Payload = raw
 	}
-	ev, err := decodePayload(kind, w.Payload, w.Refs == nil)
+	ev, err := decodePayload(kind, msgpack.RawMessage(w.Payload), w.Refs == nil)
 	if err != nil {
 		if errors.Is(err, ErrUnknownKind) {
 			return fail(kind, ErrUnknownKind, fmt.Sprintf("%q", w.Kind))
@@ -533,9 +549,21 @@ const maxNesting = 32
 // Unmarshal runs it first; a store decoding msgpack values of its own (an
 // index entry) should too.
 func WellFormed(b []byte) error {
+	end, err := walk(b, 0)
+	if err != nil {
+		return err
+	}
+	if end < len(b) {
+		return fmt.Errorf("%d bytes after the envelope", len(b)-end)
+	}
+	return nil
+}
+
+// walk walks the one msgpack value that starts at b[i], as WellFormed
+// describes, and returns the index just past it.
+func walk(b []byte, i int) (int, error) {
 	pending := make([]uint64, 1, 8) // values still to read, per level
 	pending[0] = 1
-	i := 0
 	for len(pending) > 0 {
 		top := len(pending) - 1
 		if pending[top] == 0 {
@@ -544,7 +572,7 @@ func WellFormed(b []byte) error {
 		}
 		pending[top]--
 		if i >= len(b) {
-			return errors.New("the value ends early")
+			return 0, errors.New("the value ends early")
 		}
 		c := b[i]
 		i++
@@ -561,7 +589,7 @@ func WellFormed(b []byte) error {
 		case c <= 0xbf:
 			skip = uint64(c & 0x1f)
 		case c == 0xc1:
-			return errors.New("reserved byte 0xc1")
+			return 0, errors.New("reserved byte 0xc1")
 		case c <= 0xc6: // bin 8/16/32
 			width = 1 << (c - 0xc4)
 		case c <= 0xc9: // ext 8/16/32: length, then a type byte
@@ -581,7 +609,7 @@ func WellFormed(b []byte) error {
 		}
 		if width > 0 {
 			if len(b)-i < width {
-				return errors.New("the value ends inside a length")
+				return 0, errors.New("the value ends inside a length")
 			}
 			var n uint64
 			for _, x := range b[i : i+width] {
@@ -590,7 +618,7 @@ func WellFormed(b []byte) error {
 			i += width
 			switch {
 			case c >= 0xdc && n > MaxItems:
-				return fmt.Errorf("an array or map of %d items, more than %d", n, MaxItems)
+				return 0, fmt.Errorf("an array or map of %d items, more than %d", n, MaxItems)
 			case c >= 0xdc && c <= 0xdd:
 				items = n
 			case c >= 0xde:
@@ -600,23 +628,20 @@ func WellFormed(b []byte) error {
 			}
 		}
 		if skip > uint64(len(b)-i) {
-			return fmt.Errorf("a length of %d bytes runs past the value's end", skip)
+			return 0, fmt.Errorf("a length of %d bytes runs past the value's end", skip)
 		}
 		i += int(skip)
 		if items > 0 {
 			if items > uint64(len(b)-i) {
-				return fmt.Errorf("%d nested values cannot fit in the %d bytes left", items, len(b)-i)
+				return 0, fmt.Errorf("%d nested values cannot fit in the %d bytes left", items, len(b)-i)
 			}
 			if len(pending) >= maxNesting {
-				return fmt.Errorf("values nest deeper than %d levels", maxNesting)
+				return 0, fmt.Errorf("values nest deeper than %d levels", maxNesting)
 			}
 			pending = append(pending, items)
 		}
 	}
-	if i < len(b) {
-		return fmt.Errorf("%d bytes after the envelope", len(b)-i)
-	}
-	return nil
+	return i, nil
 }
 
 // checkVersion refuses a nested schema version that is missing or of a
@@ -705,11 +730,131 @@ func decodeAs[T Event](raw msgpack.RawMessage) (Event, error) {
 // time against a length it cannot trust (six times the string's size
 // allocated for a 60 MiB reply). (msgpack.Unmarshal's preallocation of
 // pointer values is not asked for: it keeps goroutines of its own.)
+// Fields of the in-place types below are taken as sub-slices of b, valid
+// as long as b is.
+//
+// A value over 1 MiB is decoded by a decoder of its own, dropped after:
+// a pooled decoder keeps the buffer it read the largest string into, so
+// one 64 MiB reply left 64 MiB in the pool, and a pooled buffer too small
+// for a large string is grown by appending zeroes, which the race
+// detector's instrumentation copies.
 func decodeWalked(b []byte, v any) error {
+	r := walkedReader{b: b}
+	if len(b) > 1<<20 {
+		dec := msgpack.NewDecoder(&r)
+		dec.DisableAllocLimit(true)
+		return dec.Decode(v)
+	}
 	dec := msgpack.GetDecoder()
-	dec.Reset(bytes.NewReader(b))
+	dec.Reset(&r)
 	dec.DisableAllocLimit(true)
 	err := dec.Decode(v)
 	msgpack.PutDecoder(dec)
 	return err
+}
+
+// walkedReader reads a value WellFormed has walked, for decodeWalked. It
+// is an io.ByteScanner, so the decoder reads it directly, unbuffered: the
+// decoder's place in the value is r.i, and an in-place field can take its
+// bytes from there.
+type walkedReader struct {
+	b []byte
+	i int
+}
+
+func (r *walkedReader) Read(p []byte) (int, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.i:])
+	r.i += n
+	return n, nil
+}
+
+func (r *walkedReader) ReadByte() (byte, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	r.i++
+	return r.b[r.i-1], nil
+}
+
+func (r *walkedReader) UnreadByte() error {
+	if r.i == 0 {
+		return errors.New("events: unread at the start of a value")
+	}
+	r.i--
+	return nil
+}
+
+// rawInPlace is msgpack.RawMessage without the copy: decoded from a
+// walkedReader it is the sub-slice of the value that holds the field's
+// encoded value. msgpack.RawMessage records a value by reading it through
+// the decoder's buffer and appending it to a new slice: for a 64 MiB
+// payload, two copies and two buffers of its size before it was decoded.
+type rawInPlace []byte
+
+func (v *rawInPlace) DecodeMsgpack(d *msgpack.Decoder) error {
+	r, ok := d.Buffered().(*walkedReader)
+	if !ok {
+		raw, err := d.DecodeRaw()
+		*v = rawInPlace(raw)
+		return err
+	}
+	end, err := walk(r.b, r.i)
+	if err != nil {
+		return err
+	}
+	*v, r.i = rawInPlace(r.b[r.i:end:end]), end
+	return nil
+}
+
+// binInPlace is []byte without the copy: decoded from a walkedReader, a
+// bin or str field's content is the sub-slice of the value that holds it.
+// A field of another type is left to msgpack, whose error names it.
+type binInPlace []byte
+
+func (v *binInPlace) DecodeMsgpack(d *msgpack.Decoder) error {
+	if r, ok := d.Buffered().(*walkedReader); ok {
+		if start, end, ok := bytesAt(r.b, r.i); ok {
+			*v, r.i = binInPlace(r.b[start:end:end]), end
+			return nil
+		}
+	}
+	b, err := d.DecodeBytes()
+	*v = binInPlace(b)
+	return err
+}
+
+// bytesAt is where the content of the str or bin value at b[i] starts and
+// ends; ok is false for a value of another type or one b does not hold.
+func bytesAt(b []byte, i int) (start, end int, ok bool) {
+	if i >= len(b) {
+		return 0, 0, false
+	}
+	c := b[i]
+	var width int
+	switch {
+	case c >= 0xa0 && c <= 0xbf: // fixstr
+		start, end = i+1, i+1+int(c&0x1f)
+		return start, end, end <= len(b)
+	case c >= 0xc4 && c <= 0xc6: // bin 8/16/32
+		width = 1 << (c - 0xc4)
+	case c >= 0xd9 && c <= 0xdb: // str 8/16/32
+		width = 1 << (c - 0xd9)
+	default:
+		return 0, 0, false
+	}
+	if len(b)-(i+1) < width {
+		return 0, 0, false
+	}
+	n := 0
+	for _, x := range b[i+1 : i+1+width] {
+		n = n<<8 | int(x)
+	}
+	start = i + 1 + width
+	if n > len(b)-start {
+		return 0, 0, false
+	}
+	return start, start + n, true
 }
