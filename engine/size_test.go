@@ -23,7 +23,14 @@ import (
 // call (llm_error, nothing executed), a parse whose texts outgrow it an
 // invalid decision, an observation over it is cut and the cut counted.
 func TestOversizedTextsLeaveALoadableLog(t *testing.T) {
-	huge := strings.Repeat("all work and no play ", (100<<20)/21) // 100 MiB
+	// 100 MiB, made once: the reply texts and the observation below are
+	// slices of one string (each made whole cost seconds under the race
+	// detector, and held hundreds of MiB more through the test).
+	texts := "ACTION: FINAL: " + strings.Repeat("all work and no play ", (100<<20)/21) + "é"
+	actionHuge := texts[:len(texts)-len("é")] // "ACTION: FINAL: " and 100 MiB
+	finalHuge := actionHuge[len("ACTION: "):] // "FINAL: " and 100 MiB
+	hugeObs := texts[len("ACTION: FINAL: "):] // 100 MiB and a 2-byte rune
+	huge := finalHuge[len("FINAL: "):]
 	// Under the limit as a reply, over it once JSON escapes every '<' as \u003c.
 	escaped := `TOOL search {"q": "` + strings.Repeat("<", events.MaxTextBytes/4) + `"}`
 	cases := []struct {
@@ -33,8 +40,8 @@ func TestOversizedTextsLeaveALoadableLog(t *testing.T) {
 		want  events.StopReason
 		check func(t *testing.T, r events.RunResult)
 	}{
-		{"final answer of 100 MiB", seamstest.Replies("FINAL: " + huge), "", events.StopLLMError, nil},
-		{"action of 100 MiB", seamstest.Replies("ACTION: " + huge), "", events.StopLLMError, nil},
+		{"final answer of 100 MiB", seamstest.Replies(finalHuge), "", events.StopLLMError, nil},
+		{"action of 100 MiB", seamstest.Replies(actionHuge), "", events.StopLLMError, nil},
 		{"reply of exactly the limit", seamstest.Replies("FINAL: " + strings.Repeat("y", events.MaxTextBytes-len("FINAL: ")-len("call-0"))),
 			"", events.StopAgentFinished, func(t *testing.T, r events.RunResult) {
 				if r.FinalAnswer == nil || len(*r.FinalAnswer) != events.MaxTextBytes-len("FINAL: ")-len("call-0") {
@@ -47,14 +54,14 @@ func TestOversizedTextsLeaveALoadableLog(t *testing.T) {
 					t.Errorf("parse error %v, want one naming the arguments", pe)
 				}
 			}},
-		{"observation of 100 MiB", seamstest.Replies("ACTION: cat big.log", "FINAL: done"), huge + "é", events.StopAgentFinished,
+		{"observation of 100 MiB", seamstest.Replies("ACTION: cat big.log", "FINAL: done"), hugeObs, events.StopAgentFinished,
 			func(t *testing.T, r events.RunResult) {
 				st := r.Steps[0]
 				kept := strings.TrimPrefix(st.Observation, "Observation: ")
 				if len(kept) > events.MaxTextBytes || !strings.HasPrefix(huge, kept) || !utf8.ValidString(kept) {
 					t.Errorf("observation of %d bytes kept, want a prefix of at most %d", len(kept), events.MaxTextBytes)
 				}
-				if want := utf8.RuneCountInString(huge+"é") - utf8.RuneCountInString(kept); st.ObservationTruncatedChars != want {
+				if want := utf8.RuneCountInString(hugeObs) - utf8.RuneCountInString(kept); st.ObservationTruncatedChars != want {
 					t.Errorf("observation_truncated_chars %d, want %d", st.ObservationTruncatedChars, want)
 				}
 			}},
