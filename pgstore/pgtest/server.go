@@ -1,8 +1,9 @@
 // Package pgtest gives tests a PostgreSQL server: a throwaway one it starts
-// itself (initdb into a temporary directory, the server listening on a Unix
-// socket in that directory and on no TCP port, stopped and removed at the
-// end, and gone with the test process if that dies first), or the server
-// named by the environment variable POLYLOOP_PG_DSN.
+// itself (a cluster in a temporary directory — a copy of the template
+// cluster initdb made once for the installation, template.go — the server
+// listening on a Unix socket in that directory and on no TCP port, stopped
+// and removed at the end, and gone with the test process if that dies
+// first), or the server named by the environment variable POLYLOOP_PG_DSN.
 //
 // It finds initdb and postgres on PATH or under /usr/lib/postgresql/*/bin.
 // PostgreSQL refuses to run as root, so a test running as root (CI does)
@@ -64,8 +65,11 @@ type Server struct {
 	cred *syscall.Credential
 	opts []string // the server's command line
 
-	proc   *os.Process
-	exited chan struct{} // closed when the server process has exited
+	proc     *os.Process
+	exited   chan struct{} // closed when the server process has exited
+	made     string        // how its cluster was made, for the line lookup prints
+	template template      // the template its cluster was copied from, if it was
+
 	// DSN connects to the server's "postgres" database over its socket,
 	// as the superuser postgres with Password.
 	DSN      string
@@ -102,30 +106,15 @@ func Start(o Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	// A password, so tests can present a wrong one. initdb is given its
-	// SCRAM secret, which the server stores as it is (see scramSecret).
-	s.Password = fmt.Sprintf("pw%d", time.Now().UnixNano())
-	salt := make([]byte, 16)
-	rand.Read(salt)
-	secret, err := scramSecret(s.Password, salt, scramIterations)
-	if err != nil {
-		s.remove()
-		return nil, err
-	}
-	pwfile := filepath.Join(dir, "pwfile")
-	if err := os.WriteFile(pwfile, []byte(secret+"\n"), 0o600); err != nil {
-		s.remove()
-		return nil, err
-	}
-	if s.cred != nil {
-		os.Chown(pwfile, int(s.cred.Uid), int(s.cred.Gid))
-	}
 	data := filepath.Join(dir, "data")
-	out, err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwfile, "-E", "UTF8", "--no-sync")
-	os.Remove(pwfile)
-	if err != nil {
-		s.remove()
-		return nil, fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
+	s.made = "from a copy of the template cluster"
+	if s.Password, err = s.fromTemplate(data); err != nil {
+		s.made = fmt.Sprintf("by initdb (the template cluster: %v)", err)
+		os.RemoveAll(data)
+		if s.Password, err = s.initdb(data); err != nil {
+			s.remove()
+			return nil, err
+		}
 	}
 	fsync := "fsync=off"
 	if o.Durable {
@@ -133,12 +122,50 @@ func Start(o Options) (*Server, error) {
 	}
 	s.opts = []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", fsync,
 		"-c", "max_connections=200", "-c", "shared_buffers=128MB"}
-	if err := s.start(); err != nil {
+	err = s.start()
+	if err != nil && s.template.dir != "" {
+		// A template that copies but does not start (damaged since it was
+		// made) is made again by the next server; this one makes its own.
+		os.RemoveAll(s.template.dir)
+		os.RemoveAll(data)
+		s.made = fmt.Sprintf("by initdb (the template cluster's copy did not start: %v)", err)
+		if s.Password, err = s.initdb(data); err == nil {
+			err = s.start()
+		}
+	}
+	if err != nil {
 		s.remove()
 		return nil, err
 	}
 	s.DSN = "postgres://postgres:" + s.Password + "@/postgres?host=" + url.QueryEscape(dir) + "&sslmode=disable"
 	return s, nil
+}
+
+// initdb makes a cluster in data (a directory that must not exist or be
+// empty) whose superuser postgres has a new password, which it returns.
+func (s *Server) initdb(data string) (password string, err error) {
+	// A password, so tests can present a wrong one. initdb is given its
+	// SCRAM secret, which the server stores as it is (see scramSecret).
+	password = fmt.Sprintf("pw%d", time.Now().UnixNano())
+	salt := make([]byte, 16)
+	rand.Read(salt)
+	secret, err := scramSecret(password, salt, scramIterations)
+	if err != nil {
+		return "", err
+	}
+	pwfile := filepath.Join(s.dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(secret+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	defer os.Remove(pwfile)
+	if s.cred != nil {
+		os.Chown(pwfile, int(s.cred.Uid), int(s.cred.Gid))
+	}
+	out, err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwfile, "-E", "UTF8", "--no-sync")
+	if err != nil {
+		return "", fmt.Errorf("pgtest: initdb: %v\n%s", err, out)
+	}
+	return password, nil
 }
 
 // start runs postgres as a child of a goroutine locked to its OS thread,
@@ -339,7 +366,7 @@ func lookup(o Options) (string, *Server, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	fmt.Fprintf(os.Stderr, "pgtest: throwaway PostgreSQL (fsync %v) started in %v\n", o.Durable, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "pgtest: throwaway PostgreSQL (fsync %v) started in %v, its cluster made %s\n", o.Durable, time.Since(start).Round(time.Millisecond), srv.made)
 	return srv.DSN, srv, nil
 }
 
