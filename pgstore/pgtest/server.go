@@ -107,8 +107,7 @@ func Start(o Options) (*Server, error) {
 		}
 	}
 	data := filepath.Join(dir, "data")
-	s.made = "from a copy of the template cluster"
-	if s.Password, err = s.fromTemplate(data); err != nil {
+	if s.made, err = s.fromTemplate(data); err != nil {
 		s.made = fmt.Sprintf("by initdb (the template cluster: %v)", err)
 		os.RemoveAll(data)
 		if s.Password, err = s.initdb(data); err != nil {
@@ -122,18 +121,7 @@ func Start(o Options) (*Server, error) {
 	}
 	s.opts = []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", fsync,
 		"-c", "max_connections=200", "-c", "shared_buffers=128MB"}
-	err = s.start()
-	if err != nil && s.template.dir != "" {
-		// A template that copies but does not start (damaged since it was
-		// made) is made again by the next server; this one makes its own.
-		os.RemoveAll(s.template.dir)
-		os.RemoveAll(data)
-		s.made = fmt.Sprintf("by initdb (the template cluster's copy did not start: %v)", err)
-		if s.Password, err = s.initdb(data); err == nil {
-			err = s.start()
-		}
-	}
-	if err != nil {
+	if err := s.start(); err != nil {
 		s.remove()
 		return nil, err
 	}

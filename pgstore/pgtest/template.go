@@ -1,14 +1,18 @@
 package pgtest
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -17,83 +21,238 @@ import (
 // binary that needs PostgreSQL starts a server; make ci starts a dozen): so
 // the first server makes one cluster, the template, in the temporary
 // directory, and every server after it starts on a copy of it (a copy of
-// its 40 MB takes a tenth of what initdb does). The template is private to
-// the user (a directory only they can write, its password file only they
-// can read), is named for the installation (the postgres binary's path,
-// size and time, so an upgrade makes a new one) and for templateFormat,
-// and is made whole before it is renamed into place, so a server never
-// copies half of one. It is left in the temporary directory for the next
-// run, as a build cache is: remove $TMPDIR/polyloop-pgtest-* to reclaim
-// it. A template that cannot be used is made again or bypassed (initdb as
-// before); the line lookup prints says which.
+// its 40 MB takes a tenth of what initdb does).
+//
+//   - What a copy gets is what initdb made: the template's manifest (its
+//     superuser's password, and every directory and file with its mode,
+//     size and CRC-32C) is written when it is made, and a copy takes the
+//     files the manifest lists and checks each against it. A template
+//     damaged since (a killed process, a crash of a disk that was never
+//     synced, a cleaner of old files) is made again.
+//   - It is private to the user: the directory, the manifest and the
+//     cluster in it are theirs alone (as root, initdb runs as the server's
+//     user, and the cluster is then given to root; each copy is given back
+//     to the server's user), so no other user and no server can change
+//     what the next server starts on. A template that is not so is not
+//     used.
+//   - Servers of concurrent test binaries take it in turn: a copy holds a
+//     shared lock on a file beside it, and making or removing the template
+//     an exclusive one, so no copy reads a template being replaced, and two
+//     binaries finding none make it once. It is made in a directory of its
+//     own and renamed into place, so a process killed while making it
+//     leaves no half template (and the next maker removes what it left).
+//   - It is named for the installation (the postgres binary's path, size
+//     and time, so an upgrade makes a new one), for the user and for
+//     templateFormat, and left in the temporary directory for the next run,
+//     as a build cache is: remove $TMPDIR/polyloop-pgtest-* to reclaim it.
+//
+// A template that cannot be had (a temporary directory the server's user
+// cannot pass through, another user's directory of the name) is bypassed:
+// the server makes its own cluster with initdb, as before, and the line
+// lookup prints says why.
 
 // templateFormat changes when the cluster a template holds would change
-// (initdb's arguments), so an older one is not used.
+// (initdb's arguments) or the manifest's form, so an older one is not used.
 const templateFormat = 1
 
 // templateRoot is the directory templates are made in (a test of them
 // makes its own).
 var templateRoot = os.TempDir
 
-// template is a made template cluster: its directory, holding data (the
-// cluster) and password (its superuser's).
+// template is a template cluster as its manifest describes it.
 type template struct {
 	dir      string
-	password string
+	password string // the superuser's
+	entries  []templateEntry
 }
 
-// fromTemplate copies the template cluster into data, making the template
-// first when there is none, and returns its superuser's password.
-func (s *Server) fromTemplate(data string) (password string, err error) {
-	t, err := s.findTemplate()
+// templateEntry is a directory or a file of the cluster.
+type templateEntry struct {
+	path string // relative to the cluster
+	dir  bool
+	mode fs.FileMode
+	size int64
+	crc  uint32
+}
+
+// fromTemplate puts a copy of the template cluster at data for s, making
+// the template first when there is none or it was damaged, and says how
+// the cluster was made.
+func (s *Server) fromTemplate(data string) (made string, err error) {
+	dir, err := s.templateDir()
 	if err != nil {
 		return "", err
 	}
-	if err := copyTree(filepath.Join(t.dir, "data"), data, s.cred); err != nil {
-		return "", fmt.Errorf("copy %s: %w", t.dir, err)
-	}
-	s.template = t
-	return t.password, nil
-}
-
-// findTemplate is the template for s's installation, made if missing.
-func (s *Server) findTemplate() (template, error) {
-	fi, err := os.Stat(filepath.Join(s.bin, "postgres"))
+	lock, err := openLock(dir + ".lock")
 	if err != nil {
-		return template{}, err
+		return "", err
 	}
-	key := sha256.Sum256(fmt.Appendf(nil, "%d\x00%s\x00%d\x00%d", templateFormat, s.bin, fi.Size(), fi.ModTime().UnixNano()))
-	dir := filepath.Join(templateRoot(), fmt.Sprintf("polyloop-pgtest-%d-%s", os.Geteuid(), hex.EncodeToString(key[:8])))
-	if t, err := readTemplate(dir); err == nil || !errors.Is(err, fs.ErrNotExist) {
-		return t, err
+	defer lock.Close() // and the lock with it
+	if err := flock(lock, syscall.LOCK_SH); err != nil {
+		return "", err
+	}
+	if err := s.copyTemplate(dir, data); err == nil {
+		return "from a copy of the template cluster", nil
+	}
+	// Missing or damaged: looked at again under the exclusive lock, which
+	// waits for every copy in progress (another binary may have made it
+	// meanwhile), then made again.
+	if err := flock(lock, syscall.LOCK_EX); err != nil {
+		return "", err
+	}
+	os.RemoveAll(data)
+	why := s.copyTemplate(dir, data)
+	if why == nil {
+		return "from a copy of the template cluster", nil
+	}
+	os.RemoveAll(data)
+	_, statErr := os.Lstat(dir)
+	missing := errors.Is(statErr, fs.ErrNotExist)
+	if !missing {
+		if err := removeOwn(dir); err != nil {
+			return "", fmt.Errorf("%v; removing it: %w", why, err)
+		}
+	}
+	leftovers, _ := filepath.Glob(dir + ".making-*")
+	for _, d := range leftovers { // of a maker killed, which held the lock
+		removeOwn(d)
 	}
 	if err := s.makeTemplate(dir); err != nil {
-		return template{}, err
+		return "", err
 	}
-	return readTemplate(dir)
+	if err := s.copyTemplate(dir, data); err != nil {
+		return "", err
+	}
+	if missing {
+		return "from a copy of the template cluster, made for it", nil
+	}
+	return fmt.Sprintf("from a copy of the template cluster, made again (%v)", why), nil
 }
 
-// readTemplate reads the template in dir, refusing one another user could
-// have written.
-func readTemplate(dir string) (template, error) {
-	fi, err := os.Lstat(dir)
+// templateDir is where s's installation's template is.
+func (s *Server) templateDir() (string, error) {
+	fi, err := os.Stat(filepath.Join(s.bin, "postgres"))
 	if err != nil {
-		return template{}, err
+		return "", err
+	}
+	key := sha256.Sum256(fmt.Appendf(nil, "%d\x00%s\x00%d\x00%d", templateFormat, s.bin, fi.Size(), fi.ModTime().UnixNano()))
+	return filepath.Join(templateRoot(), fmt.Sprintf("polyloop-pgtest-%d-%s", os.Geteuid(), hex.EncodeToString(key[:8]))), nil
+}
+
+// openLock opens (creating) the lock file of a template, refusing one
+// another user made.
+func openLock(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := ownedPrivately(f.Stat()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
+}
+
+// ownedPrivately refuses what is not this user's, or what others may write.
+func ownedPrivately(fi fs.FileInfo, err error) error {
+	if err != nil {
+		return err
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 {
-		return template{}, fmt.Errorf("%s is not a directory only this user (%d) can write", dir, os.Geteuid())
+	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 || fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("not private to this user (%d): owner %d, mode %v", os.Geteuid(), ownerOf(fi), fi.Mode())
 	}
-	pw, err := os.ReadFile(filepath.Join(dir, "password"))
-	if err != nil {
-		return template{}, err
-	}
-	return template{dir: dir, password: string(pw)}, nil
+	return nil
 }
 
-// makeTemplate makes the template in a directory of its own beside dir
-// and renames it to dir: another process making it at the same time
-// renames its own first or after, and either way dir holds a whole one.
+func ownerOf(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
+// removeOwn removes path unless it is another user's.
+func removeOwn(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil
+	}
+	if owner := ownerOf(fi); owner != os.Geteuid() {
+		return fmt.Errorf("%s is user %d's", path, owner)
+	}
+	return os.RemoveAll(path)
+}
+
+// copyTemplate copies the template in dir to data, as its manifest lists
+// it, checking each file against it, and takes its password.
+func (s *Server) copyTemplate(dir, data string) error {
+	if err := ownedPrivately(os.Lstat(dir)); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	t, err := readManifest(dir)
+	if err != nil {
+		return err
+	}
+	src := filepath.Join(dir, "data")
+	for _, e := range t.entries {
+		target := filepath.Join(data, e.path)
+		if e.dir {
+			err = os.Mkdir(target, e.mode)
+		} else {
+			err = copyChecked(filepath.Join(src, e.path), target, e)
+		}
+		if err == nil && s.cred != nil {
+			err = os.Lchown(target, int(s.cred.Uid), int(s.cred.Gid))
+		}
+		if err != nil {
+			return fmt.Errorf("template %s: %w", dir, err)
+		}
+	}
+	s.Password, s.template = t.password, t
+	return nil
+}
+
+// copyChecked copies the regular file src to dst, refusing it unless it
+// is what the manifest says.
+func copyChecked(src, dst string, e templateEntry) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != e.size {
+		return fmt.Errorf("%s is not the %d-byte file the manifest lists", e.path, e.size)
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, e.mode)
+	if err != nil {
+		return err
+	}
+	h := crc32.New(castagnoli)
+	n, err := io.Copy(io.MultiWriter(out, h), in)
+	if err = errors.Join(err, out.Close()); err != nil {
+		return err
+	}
+	if n != e.size || h.Sum32() != e.crc {
+		return fmt.Errorf("%s changed since the template was made (%d bytes, crc %08x; the manifest: %d, %08x)", e.path, n, h.Sum32(), e.size, e.crc)
+	}
+	return nil
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// makeTemplate makes the template at dir: initdb in a directory of its
+// own beside it, the cluster then this user's, its manifest written, and
+// the directory renamed to dir. The caller holds the exclusive lock.
 func (s *Server) makeTemplate(dir string) error {
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".making-")
 	if err != nil {
@@ -102,8 +261,8 @@ func (s *Server) makeTemplate(dir string) error {
 	defer os.RemoveAll(tmp) // nothing left once renamed
 	data := filepath.Join(tmp, "data")
 	if s.cred != nil {
-		// The server's user makes the cluster: it needs to pass through
-		// tmp (owned by this user) to a data directory of its own.
+		// initdb runs as the server's user: it passes through tmp to a
+		// data directory of its own.
 		if err := os.Chmod(tmp, 0o711); err != nil {
 			return err
 		}
@@ -118,60 +277,130 @@ func (s *Server) makeTemplate(dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "password"), []byte(password), 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, dir); err != nil {
-		if _, statErr := os.Stat(filepath.Join(dir, "password")); statErr == nil {
-			return nil // another process made it first
-		}
-		return err
-	}
-	return nil
-}
-
-// copyTree copies the directory src to dst (which must not exist):
-// directories and regular files with their permissions, owned by cred's
-// user when cred is not nil. A cluster holds nothing else.
-func copyTree(src, dst string, cred *syscall.Credential) error {
-	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+	var manifest strings.Builder
+	fmt.Fprintf(&manifest, "polyloop-pgtest template %d\npassword %s\n", templateFormat, password)
+	n := 0
+	err = filepath.WalkDir(data, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(src, path)
+		if err := os.Lchown(path, os.Geteuid(), os.Getegid()); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(data, path)
 		if err != nil {
 			return err
 		}
-		target := filepath.Join(dst, rel)
 		fi, err := d.Info()
 		if err != nil {
 			return err
 		}
 		switch {
 		case d.IsDir():
-			err = os.Mkdir(target, fi.Mode().Perm())
+			fmt.Fprintf(&manifest, "d %o %q\n", fi.Mode().Perm(), rel)
 		case d.Type().IsRegular():
-			err = copyFile(path, target, fi.Mode().Perm())
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&manifest, "f %o %d %08x %q\n", fi.Mode().Perm(), len(b), crc32.Checksum(b, castagnoli), rel)
 		default:
-			return fmt.Errorf("%s is neither a directory nor a regular file (%v)", path, d.Type())
+			return fmt.Errorf("initdb made %s, neither a directory nor a regular file (%v)", rel, d.Type())
 		}
-		if err == nil && cred != nil {
-			err = os.Lchown(target, int(cred.Uid), int(cred.Gid))
-		}
-		return err
+		n++
+		return nil
 	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(&manifest, "end %d\n", n)
+	if err := os.WriteFile(filepath.Join(tmp, "manifest"), []byte(manifest.String()), 0o600); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o700); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir)
 }
 
-func copyFile(src, dst string, perm fs.FileMode) error {
-	in, err := os.Open(src)
+// readManifest reads the manifest of the template in dir, refusing one
+// that is not whole.
+func readManifest(dir string) (template, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "manifest"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return err
+		return template{}, err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-	if err != nil {
-		return err
+	defer f.Close()
+	if err := ownedPrivately(f.Stat()); err != nil {
+		return template{}, fmt.Errorf("%s/manifest: %w", dir, err)
 	}
-	_, err = io.Copy(out, in)
-	return errors.Join(err, out.Close())
+	t := template{dir: dir}
+	bad := func(line string) (template, error) {
+		return template{}, fmt.Errorf("%s/manifest is damaged or of another format: %.80q", dir, line)
+	}
+	sc := bufio.NewScanner(f)
+	header := []string{fmt.Sprintf("polyloop-pgtest template %d", templateFormat)}
+	for i := 0; sc.Scan(); i++ {
+		line := sc.Text()
+		switch {
+		case i == 0:
+			if line != header[0] {
+				return bad(line)
+			}
+		case i == 1:
+			pw, ok := strings.CutPrefix(line, "password ")
+			if !ok || pw == "" {
+				return bad(line)
+			}
+			t.password = pw
+		case strings.HasPrefix(line, "end "):
+			if n, err := strconv.Atoi(line[len("end "):]); err != nil || n != len(t.entries) || n == 0 || sc.Scan() {
+				return bad(line)
+			}
+			return t, nil
+		default:
+			e, ok := parseEntry(line)
+			if !ok {
+				return bad(line)
+			}
+			t.entries = append(t.entries, e)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return template{}, err
+	}
+	return bad("(no end)")
+}
+
+// parseEntry parses a manifest line: "d MODE PATH" or "f MODE SIZE CRC
+// PATH", the path quoted and inside the cluster.
+func parseEntry(line string) (templateEntry, bool) {
+	fields := strings.SplitN(line, " ", 3)
+	if len(fields) != 3 || (fields[0] != "d" && fields[0] != "f") {
+		return templateEntry{}, false
+	}
+	mode, err := strconv.ParseUint(fields[1], 8, 32)
+	if err != nil || mode&^0o777 != 0 {
+		return templateEntry{}, false
+	}
+	e := templateEntry{dir: fields[0] == "d", mode: fs.FileMode(mode)}
+	rest := fields[2]
+	if !e.dir {
+		parts := strings.SplitN(rest, " ", 3)
+		if len(parts) != 3 {
+			return templateEntry{}, false
+		}
+		size, err1 := strconv.ParseInt(parts[0], 10, 64)
+		crc, err2 := strconv.ParseUint(parts[1], 16, 32)
+		if err1 != nil || err2 != nil || size < 0 {
+			return templateEntry{}, false
+		}
+		e.size, e.crc, rest = size, uint32(crc), parts[2]
+	}
+	path, err := strconv.Unquote(rest)
+	if err != nil || !filepath.IsLocal(path) && path != "." {
+		return templateEntry{}, false
+	}
+	e.path = path
+	return e, true
 }

@@ -2,25 +2,29 @@ package pgtest
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// TestServersStartOnCopiesOfOneTemplate: initdb runs once per installation:
-// the first server makes the template and starts on a copy of it, the next
-// starts on another copy, with the template's password; a template whose
-// cluster was damaged since is made again, the server that found it
-// starting on a cluster of its own; a template another user could write is
-// not used.
+// TestServersStartOnCopiesOfOneTemplate: initdb runs once per installation.
+// Binaries finding no template at once make it once; servers start on
+// copies of it with its password; a template damaged since it was made (a
+// file gone — the server would start and refuse connections — or a byte
+// changed) is made again, and a maker's leftovers removed; a template
+// others could have written is not used as it is, another user's not at
+// all; the template is the user's alone.
 func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 	if os.Getenv(DSNEnv) != "" {
 		t.Skip("needs throwaway servers; " + DSNEnv + " names a server of yours")
 	}
-	if _, err := findBin(); err != nil {
+	bin, err := findBin()
+	if err != nil {
 		Unavailable(t, err)
 	}
 	root := t.TempDir()
@@ -31,6 +35,22 @@ func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 	}
 	templateRoot = func() string { return root }
 	t.Cleanup(func() { templateRoot = os.TempDir })
+
+	// shell is a server not started, for copies without one.
+	shell := func() *Server {
+		s := &Server{bin: bin, dir: t.TempDir()}
+		if os.Geteuid() == 0 {
+			if s.cred, err = unprivileged(); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(s.dir, 0o711)
+			os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid))
+		}
+		return s
+	}
+	copyOf := func(s *Server) (made string, err error) {
+		return s.fromTemplate(filepath.Join(s.dir, "data"))
+	}
 	start := func(wantMade string) *Server {
 		t.Helper()
 		s, err := Start(Options{})
@@ -48,34 +68,96 @@ func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 		conn.Close(context.Background())
 		return s
 	}
+
+	// Three binaries at once, no template: one makes it, all copy it.
+	var wg sync.WaitGroup
+	shells, made, errs := []*Server{shell(), shell(), shell()}, make([]string, 3), make([]error, 3)
+	for i, s := range shells {
+		wg.Go(func() { made[i], errs[i] = copyOf(s) })
+	}
+	wg.Wait()
+	makers := 0
+	for i, s := range shells {
+		if errs[i] != nil {
+			t.Fatalf("copy %d: %v", i, errs[i])
+		}
+		if made[i] == "from a copy of the template cluster, made for it" {
+			makers++
+		}
+		if s.Password != shells[0].Password || s.Password == "" {
+			t.Errorf("copy %d has password %q, copy 0 %q", i, s.Password, shells[0].Password)
+		}
+	}
+	if makers != 1 {
+		t.Fatalf("%d of the three made the template (%q)", makers, made)
+	}
+	dir := shells[0].template.dir
+
+	// A server on a copy, with the template's password.
 	first := start("from a copy of the template cluster")
-	second := start("from a copy of the template cluster")
-	if first.template.dir == "" || second.template != first.template || second.Password != first.Password {
-		t.Fatalf("two servers, templates %+v and %+v", first.template, second.template)
+	if first.made != "from a copy of the template cluster" || first.Password != shells[0].Password {
+		t.Errorf("the next server's cluster was made %s (password %q, the template's %q)", first.made, first.Password, shells[0].Password)
 	}
-	if fi, err := os.Stat(filepath.Join(first.template.dir, "password")); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("the template's password file: %v %v, want mode 0600", fi, err)
-	}
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if fi, err := os.Lstat(path); err != nil || ownerOf(fi) != os.Geteuid() {
+			t.Errorf("%s in the template is not this user's: %v", path, err)
+		}
+		return nil
+	})
 
-	// Damaged: the copy does not start; the template goes, this server
-	// makes its own, and the next makes the template again.
-	if err := os.Remove(filepath.Join(first.template.dir, "data", "global", "pg_control")); err != nil {
+	// A file gone, and a maker's leftovers: made again.
+	if err := os.Remove(filepath.Join(dir, "data", "base", "5", "1259")); err != nil {
 		t.Fatal(err)
 	}
-	start("by initdb (the template cluster's copy did not start")
-	if _, err := os.Stat(first.template.dir); !os.IsNotExist(err) {
-		t.Fatalf("the damaged template is still there: %v", err)
-	}
-	remade := start("from a copy of the template cluster")
-	if remade.template.dir != first.template.dir || remade.Password == first.Password {
-		t.Errorf("the template made again: %+v (before: %+v)", remade.template, first.template)
-	}
-
-	// Writable by others: not used.
-	if err := os.Chmod(remade.template.dir, 0o777); err != nil {
+	leftover := dir + ".making-killed"
+	if err := os.MkdirAll(filepath.Join(leftover, "data"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readTemplate(remade.template.dir); err == nil || !strings.Contains(err.Error(), "only this user") {
-		t.Errorf("a template others can write was read: %v", err)
+	second := start("from a copy of the template cluster, made again")
+	if !strings.Contains(second.made, "1259") || second.Password == first.Password {
+		t.Errorf("after a file of the template went: made %s, password %q (before: %q)", second.made, second.Password, first.Password)
+	}
+	if _, err := os.Stat(leftover); !os.IsNotExist(err) {
+		t.Errorf("a killed maker's directory is left: %v", err)
+	}
+
+	// A byte changed: made again.
+	pgControl := filepath.Join(dir, "data", "global", "pg_control")
+	b, err := os.ReadFile(pgControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(pgControl, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := shell()
+	if made, err := copyOf(s); err != nil || !strings.Contains(made, "made again") || !strings.Contains(made, "pg_control changed since the template was made") {
+		t.Errorf("after a byte of the template changed: made %s, %v", made, err)
+	}
+
+	// Others could have written it: not used as it is.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := shell().copyTemplate(dir, filepath.Join(t.TempDir(), "data")); err == nil || !strings.Contains(err.Error(), "not private to this user") {
+		t.Errorf("a template others can write: %v", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another user's: not used, not removed.
+	if s.cred != nil {
+		if err := os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+		if made, err := copyOf(shell()); err == nil || !strings.Contains(err.Error(), "is user") {
+			t.Errorf("another user's template: made %s, %v", made, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "manifest")); err != nil {
+			t.Errorf("another user's template was removed: %v", err)
+		}
+		os.Chown(dir, 0, 0)
 	}
 }
