@@ -15,8 +15,8 @@ import (
 // TestServersStartOnCopiesOfOneTemplate: initdb runs once per installation.
 // Binaries finding no template at once make it once; servers start on
 // copies of it with its password; a template damaged since it was made (a
-// file gone — the server would start and refuse connections — or a byte
-// changed) is made again, and a maker's leftovers removed; a template
+// file gone — a server would start and refuse connections — or a byte
+// changed) is made again as it is copied, and a maker's leftovers removed; a template
 // others could have written is not used as it is, another user's not at
 // all; the template is the user's alone.
 func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
@@ -51,23 +51,6 @@ func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 	copyOf := func(s *Server) (made string, err error) {
 		return s.fromTemplate(filepath.Join(s.dir, "data"))
 	}
-	start := func(wantMade string) *Server {
-		t.Helper()
-		s, err := Start(Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Stop() })
-		if !strings.HasPrefix(s.made, wantMade) {
-			t.Errorf("the cluster was made %s, want %s", s.made, wantMade)
-		}
-		conn, err := pgx.Connect(context.Background(), s.DSN)
-		if err != nil {
-			t.Fatalf("connecting with the server's password: %v", err)
-		}
-		conn.Close(context.Background())
-		return s
-	}
 
 	// Three binaries at once, no template: one makes it, all copy it.
 	var wg sync.WaitGroup
@@ -94,10 +77,19 @@ func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 	dir := shells[0].template.dir
 
 	// A server on a copy, with the template's password.
-	first := start("from a copy of the template cluster")
+	first, err := Start(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Stop()
 	if first.made != "from a copy of the template cluster" || first.Password != shells[0].Password {
 		t.Errorf("the next server's cluster was made %s (password %q, the template's %q)", first.made, first.Password, shells[0].Password)
 	}
+	conn, err := pgx.Connect(context.Background(), first.DSN)
+	if err != nil {
+		t.Fatalf("connecting with the template's password: %v", err)
+	}
+	conn.Close(context.Background())
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if fi, err := os.Lstat(path); err != nil || ownerOf(fi) != os.Geteuid() {
 			t.Errorf("%s in the template is not this user's: %v", path, err)
@@ -113,9 +105,10 @@ func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(leftover, "data"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	second := start("from a copy of the template cluster, made again")
-	if !strings.Contains(second.made, "1259") || second.Password == first.Password {
-		t.Errorf("after a file of the template went: made %s, password %q (before: %q)", second.made, second.Password, first.Password)
+	second := shell()
+	if made, err := copyOf(second); err != nil || !strings.HasPrefix(made, "from a copy of the template cluster, made again") ||
+		!strings.Contains(made, "1259") || second.Password == first.Password {
+		t.Errorf("after a file of the template went: made %s, %v, password %q (before: %q)", made, err, second.Password, first.Password)
 	}
 	if _, err := os.Stat(leftover); !os.IsNotExist(err) {
 		t.Errorf("a killed maker's directory is left: %v", err)
