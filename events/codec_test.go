@@ -520,9 +520,10 @@ func rawValueAt(t *testing.T, id ulid.ULID, fields ...any) []byte {
 // allocation or a panic.
 func TestCompressedPayloadsAreBounded(t *testing.T) {
 	enc, _ := zstd.NewWriter(nil)
-	bomb := enc.EncodeAll(make([]byte, 100<<20), nil)
+	zeros := make([]byte, events.MaxPayload+1<<20) // past the bound, once for both
+	bomb := enc.EncodeAll(zeros, nil)
 	small := enc.EncodeAll([]byte{0x80}, nil)
-	s2bomb := s2.Encode(nil, make([]byte, 100<<20))
+	s2bomb := s2.Encode(nil, zeros)
 	s2claim := append(binary.AppendUvarint(nil, 1<<40), 0) // declares a terabyte
 	s2small := s2.Encode(nil, []byte{0x80})
 	for name, b := range map[string][]byte{
