@@ -119,6 +119,7 @@ func (parserFunc) Parameters() map[string]string                 { return map[st
 // recording an action that already ran.
 func TestNoConsumerTextOutgrowsAStoredEvent(t *testing.T) {
 	over := events.MaxPayload + 1<<20
+	plain := strings.Repeat("x", over/2) // made once: each parse of each case used to make its own
 	anyOf, err := seams.NewRegistry(seams.Tool{Spec: seams.ToolSpec{Name: "search", ReplayPolicy: events.ReplaySafe,
 		Parameters: map[string]any{"type": "object", "properties": map[string]any{"q": map[string]any{
 			"anyOf": []any{map[string]any{"pattern": "^a*$"}, map[string]any{"pattern": "^b*$"}, map[string]any{"pattern": "^c*$"}}}}}},
@@ -143,13 +144,13 @@ func TestNoConsumerTextOutgrowsAStoredEvent(t *testing.T) {
 		}, events.StopLLMError},
 		{"a parser's panic", func(a *agent) {
 			a.model.Turns = seamstest.Replies("FINAL: x", "FINAL: x")
-			a.def.Parser = parserFunc(func(events.ModelReply) seams.ParsedReply { panic(strings.Repeat("x", over/2)) })
+			a.def.Parser = parserFunc(func(events.ModelReply) seams.ParsedReply { panic(plain) })
 		}, events.StopParseFailedRepeatedly},
 		{"a tool name", func(a *agent) {
 			a.model.Turns = seamstest.Replies("TOOL x {}", "TOOL x {}")
 			a.def.Parser = parserFunc(func(r events.ModelReply) seams.ParsedReply {
 				return seams.ParsedReply{HistoryText: r.Content, Decision: seams.Action{Text: "call",
-					ToolCall: &seams.ToolCall{Name: strings.Repeat("n", over/2), Arguments: map[string]any{}}}}
+					ToolCall: &seams.ToolCall{Name: plain, Arguments: map[string]any{}}}}
 			})
 		}, events.StopParseFailedRepeatedly},
 		{"a rejection quoting the arguments per schema branch", func(a *agent) {
