@@ -100,8 +100,12 @@ func Start(o Options) (*Server, error) {
 		return nil, err
 	}
 	s.dir = dir
+	// As root, the directory stays root's while the cluster is put in it
+	// (the server's user may pass through it, for initdb, but not write
+	// it: nothing it plants there is followed), and is the server's user's
+	// once the cluster is whole.
 	if s.cred != nil {
-		if err := os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+		if err := os.Chmod(dir, 0o711); err != nil {
 			s.remove()
 			return nil, err
 		}
@@ -111,6 +115,13 @@ func Start(o Options) (*Server, error) {
 		s.made = fmt.Sprintf("by initdb (the template cluster: %v)", err)
 		os.RemoveAll(data)
 		if s.Password, err = s.initdb(data); err != nil {
+			s.remove()
+			return nil, err
+		}
+	}
+	if s.cred != nil {
+		err = errors.Join(os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)), os.Chmod(dir, 0o700))
+		if err != nil {
 			s.remove()
 			return nil, err
 		}
@@ -142,12 +153,25 @@ func (s *Server) initdb(data string) (password string, err error) {
 		return "", err
 	}
 	pwfile := filepath.Join(s.dir, "pwfile")
-	if err := os.WriteFile(pwfile, []byte(secret+"\n"), 0o600); err != nil {
+	f, err := os.OpenFile(pwfile, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
 		return "", err
 	}
 	defer os.Remove(pwfile)
-	if s.cred != nil {
-		os.Chown(pwfile, int(s.cred.Uid), int(s.cred.Gid))
+	_, err = f.WriteString(secret + "\n")
+	if err == nil && s.cred != nil {
+		// initdb runs as the server's user: the file is given to it, and
+		// so is the cluster's directory, made for it (s.dir is root's).
+		err = f.Chown(int(s.cred.Uid), int(s.cred.Gid))
+		if err == nil {
+			err = os.Mkdir(data, 0o700)
+		}
+		if err == nil {
+			err = os.Chown(data, int(s.cred.Uid), int(s.cred.Gid))
+		}
+	}
+	if err = errors.Join(err, f.Close()); err != nil {
+		return "", err
 	}
 	out, err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwfile, "-E", "UTF8", "--no-sync")
 	if err != nil {
@@ -162,7 +186,8 @@ func (s *Server) initdb(data string) (password string, err error) {
 // instead of living on detached as pg_ctl would leave it. It returns once
 // the server accepts connections.
 func (s *Server) start() error {
-	log, err := os.OpenFile(filepath.Join(s.dir, "log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	// Not followed if it is a link: s.dir is the server's user's.
+	log, err := os.OpenFile(filepath.Join(s.dir, "log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}

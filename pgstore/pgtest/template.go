@@ -31,10 +31,11 @@ import (
 //     synced, a cleaner of old files) is made again.
 //   - It is private to the user: the directory, the manifest and the
 //     cluster in it are theirs alone (as root, initdb runs as the server's
-//     user, and the cluster is then given to root; each copy is given back
-//     to the server's user), so no other user and no server can change
-//     what the next server starts on. A template that is not so is not
-//     used.
+//     user, and the cluster is then given to root; each copy is made as
+//     root's in a directory only root writes and given to the server's
+//     user once whole, so nothing the server's user plants is followed),
+//     so no other user and no server can change what the next server
+//     starts on. A template that is not so is not used.
 //   - Servers of concurrent test binaries take it in turn: a copy holds a
 //     shared lock on a file beside it, and making or removing the template
 //     an exclusive one, so no copy reads a template being replaced, and two
@@ -46,10 +47,13 @@ import (
 //     templateFormat, and left in the temporary directory for the next run,
 //     as a build cache is: remove $TMPDIR/polyloop-pgtest-* to reclaim it.
 //
-// A template that cannot be had (a temporary directory the server's user
-// cannot pass through, another user's directory of the name) is bypassed:
-// the server makes its own cluster with initdb, as before, and the line
-// lookup prints says why.
+// A template that cannot be had (another user's directory of the name, a
+// copy failing on its own side, for want of room say) is bypassed: the
+// server makes its own cluster with initdb, as before, and the line lookup
+// prints says why. The template is not what a user of the server's uid
+// could change, save by racing initdb while it makes the template (a
+// process killed meanwhile may leave initdb running in the maker's
+// directory, which the next maker removes as best it can).
 
 // templateFormat changes when the cluster a template holds would change
 // (initdb's arguments) or the manifest's form, so an older one is not used.
@@ -83,27 +87,29 @@ func (s *Server) fromTemplate(data string) (made string, err error) {
 	if err != nil {
 		return "", err
 	}
-	lock, err := openLock(dir + ".lock")
+	lock, err := lockFile(dir+".lock", syscall.LOCK_SH)
 	if err != nil {
 		return "", err
 	}
-	defer lock.Close() // and the lock with it
-	if err := flock(lock, syscall.LOCK_SH); err != nil {
-		return "", err
-	}
+	defer func() { lock.Close() }() // and the lock with it
 	if err := s.copyTemplate(dir, data); err == nil {
 		return "from a copy of the template cluster", nil
+	} else if errors.As(err, new(copyError)) {
+		return "", err
 	}
 	// Missing or damaged: looked at again under the exclusive lock, which
 	// waits for every copy in progress (another binary may have made it
 	// meanwhile), then made again.
-	if err := flock(lock, syscall.LOCK_EX); err != nil {
+	lock.Close()
+	if lock, err = lockFile(dir+".lock", syscall.LOCK_EX); err != nil {
 		return "", err
 	}
 	os.RemoveAll(data)
 	why := s.copyTemplate(dir, data)
 	if why == nil {
 		return "from a copy of the template cluster", nil
+	} else if errors.As(why, new(copyError)) {
+		return "", why
 	}
 	os.RemoveAll(data)
 	_, statErr := os.Lstat(dir)
@@ -135,7 +141,8 @@ func (s *Server) templateDir() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	key := sha256.Sum256(fmt.Appendf(nil, "%d\x00%s\x00%d\x00%d", templateFormat, s.bin, fi.Size(), fi.ModTime().UnixNano()))
+	// initdb writes the maker's TZ into the cluster's configuration.
+	key := sha256.Sum256(fmt.Appendf(nil, "%d\x00%s\x00%d\x00%d\x00%s", templateFormat, s.bin, fi.Size(), fi.ModTime().UnixNano(), os.Getenv("TZ")))
 	return filepath.Join(templateRoot(), fmt.Sprintf("polyloop-pgtest-%d-%s", os.Geteuid(), hex.EncodeToString(key[:8]))), nil
 }
 
@@ -151,6 +158,28 @@ func openLock(path string) (*os.File, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return f, nil
+}
+
+// lockFile takes the lock how on the lock file at path, opening it again
+// if it was replaced meanwhile (a cleaner of old files removed it): a lock
+// on a file no longer at path excludes no one.
+func lockFile(path string, how int) (*os.File, error) {
+	for {
+		f, err := openLock(path)
+		if err != nil {
+			return nil, err
+		}
+		if err := flock(f, how); err != nil {
+			f.Close()
+			return nil, err
+		}
+		held, err1 := f.Stat()
+		now, err2 := os.Lstat(path)
+		if err1 == nil && err2 == nil && os.SameFile(held, now) {
+			return f, nil
+		}
+		f.Close()
+	}
 }
 
 func flock(f *os.File, how int) error {
@@ -194,7 +223,11 @@ func removeOwn(path string) error {
 }
 
 // copyTemplate copies the template in dir to data, as its manifest lists
-// it, checking each file against it, and takes its password.
+// it, checking each file against it, and takes its password. The copy is
+// given to the server's user once whole, each entry before the directory
+// holding it (until then it is root's, in s.dir, which is root's). An
+// error of the copy's own side (no room, say) is a copyError: the
+// template is not to blame.
 func (s *Server) copyTemplate(dir, data string) error {
 	if err := ownedPrivately(os.Lstat(dir)); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
@@ -205,27 +238,41 @@ func (s *Server) copyTemplate(dir, data string) error {
 	}
 	src := filepath.Join(dir, "data")
 	for _, e := range t.entries {
-		target := filepath.Join(data, e.path)
-		if e.dir {
-			err = os.Mkdir(target, e.mode)
-		} else {
-			err = copyChecked(filepath.Join(src, e.path), target, e)
-		}
-		if err == nil && s.cred != nil {
-			err = os.Lchown(target, int(s.cred.Uid), int(s.cred.Gid))
-		}
-		if err != nil {
+		if err := copyEntry(filepath.Join(src, e.path), filepath.Join(data, e.path), e); err != nil {
 			return fmt.Errorf("template %s: %w", dir, err)
+		}
+	}
+	if s.cred != nil {
+		for i := len(t.entries) - 1; i >= 0; i-- {
+			if err := os.Lchown(filepath.Join(data, t.entries[i].path), int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return copyError{err}
+			}
 		}
 	}
 	s.Password, s.template = t.password, t
 	return nil
 }
 
-// copyChecked copies the regular file src to dst, refusing it unless it
-// is what the manifest says.
-func copyChecked(src, dst string, e templateEntry) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+// copyError is an error of a copy's own side.
+type copyError struct{ err error }
+
+func (e copyError) Error() string { return "the copy: " + e.err.Error() }
+func (e copyError) Unwrap() error { return e.err }
+
+// copyEntry makes dst as the manifest's entry e says, a directory or a
+// copy of the regular file src, refusing a src that is not what e says.
+func copyEntry(src, dst string, e templateEntry) error {
+	if e.dir {
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			return copyError{err}
+		}
+		if err := os.Chmod(dst, e.mode); err != nil {
+			return copyError{err}
+		}
+		return nil
+	}
+	// O_NONBLOCK: a FIFO put in its place is refused, not waited on.
+	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
@@ -233,13 +280,20 @@ func copyChecked(src, dst string, e templateEntry) error {
 	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != e.size {
 		return fmt.Errorf("%s is not the %d-byte file the manifest lists", e.path, e.size)
 	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, e.mode)
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return err
+		return copyError{err}
 	}
 	h := crc32.New(castagnoli)
-	n, err := io.Copy(io.MultiWriter(out, h), in)
-	if err = errors.Join(err, out.Close()); err != nil {
+	n, err := io.Copy(out, io.TeeReader(in, h))
+	if err := errors.Join(out.Chmod(e.mode), out.Close()); err != nil {
+		return copyError{err}
+	}
+	if err != nil {
+		var we *fs.PathError
+		if errors.As(err, &we) && we.Path == dst {
+			return copyError{err}
+		}
 		return err
 	}
 	if n != e.size || h.Sum32() != e.crc {
@@ -261,15 +315,9 @@ func (s *Server) makeTemplate(dir string) error {
 	defer os.RemoveAll(tmp) // nothing left once renamed
 	data := filepath.Join(tmp, "data")
 	if s.cred != nil {
-		// initdb runs as the server's user: it passes through tmp to a
-		// data directory of its own.
+		// initdb runs as the server's user: it passes through tmp to the
+		// data directory initdb gives it.
 		if err := os.Chmod(tmp, 0o711); err != nil {
-			return err
-		}
-		if err := os.Mkdir(data, 0o700); err != nil {
-			return err
-		}
-		if err := os.Chown(data, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
 			return err
 		}
 	}

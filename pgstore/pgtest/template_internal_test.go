@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,9 +16,10 @@ import (
 // TestServersStartOnCopiesOfOneTemplate: initdb runs once per installation.
 // Binaries finding no template at once make it once; servers start on
 // copies of it with its password; a template damaged since it was made (a
-// byte changed, a file gone) is made again as it is copied, and a maker's leftovers removed; a template
-// others could have written is not used as it is, another user's not at
-// all; the template is the user's alone.
+// byte changed, a file gone) is made again as it is copied, and a maker's
+// leftovers removed, but a copy failing on its own side leaves it be; a
+// template others could have written is not used as it is, another
+// user's not at all; the template is the user's alone.
 func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 	if os.Getenv(DSNEnv) != "" {
 		t.Skip("needs throwaway servers; " + DSNEnv + " names a server of yours")
@@ -95,6 +97,15 @@ func TestServersStartOnCopiesOfOneTemplate(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A copy failing on its own side (here: nowhere to put it) leaves the
+	// template as it was.
+	if made, err := shell().fromTemplate(filepath.Join(t.TempDir(), "no such directory", "data")); err == nil || !errors.As(err, new(copyError)) {
+		t.Errorf("a copy with nowhere to go: made %s, %v, want the copy's error", made, err)
+	}
+	if kept, err := readManifest(dir); err != nil || kept.password != first.Password {
+		t.Errorf("after a copy failed on its own side, the template's password is %q (%v), was %q", kept.password, err, first.Password)
+	}
 
 	// A byte changed, a file after it gone (a server would start without
 	// it and refuse connections), a maker's leftovers: made again, the
