@@ -537,11 +537,24 @@ func TestCompressedPayloadsAreBounded(t *testing.T) {
 		"S2 and plain":        rawValue(t, "kind", "intent", "schema_version", "1.3", "payload", map[string]any{}, "payload_s2", s2small),
 		"S2 of a broken walk": rawValue(t, "kind", "intent", "schema_version", "1.3", "payload_s2", s2.Encode(nil, []byte{0xdc, 0xff, 0xff})),
 	} {
-		if _, err := events.Unmarshal("run-1", goldenID, b); !errors.Is(err, events.ErrMalformed) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := events.Unmarshal("run-1", goldenID, b)
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, events.ErrMalformed) {
 			t.Errorf("%s: %v", name, err)
+		}
+		// Refused before decompressing past the bound: a bomb's 65 MiB
+		// (or a claim's terabyte) is never allocated.
+		if got := after.TotalAlloc - before.TotalAlloc; got > maxRefusalAlloc {
+			t.Errorf("%s: refusing it allocated %d MiB", name, got>>20)
 		}
 	}
 }
+
+// maxRefusalAlloc bounds what refusing a damaged or forged payload may
+// allocate (none of them allocates 4 KiB here), far below a bomb's size.
+const maxRefusalAlloc = 1 << 20
 
 // TestWhatMarshalWritesUnmarshalReads: the writer and the reader agree on
 // the size bound. A payload up to MaxPayload round-trips, compressible or
