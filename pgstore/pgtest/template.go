@@ -21,7 +21,7 @@ import (
 // binary that needs PostgreSQL starts a server; make ci starts a dozen): so
 // the first server makes one cluster, the template, in the temporary
 // directory, and every server after it starts on a copy of it (a copy of
-// its 40 MB takes a tenth of what initdb does).
+// its 39 MB, checked, took 0.27-0.5 CPU-s here, initdb 1.4).
 //
 //   - What a copy gets is what initdb made: the template's manifest (its
 //     superuser's password, and every directory and file with its mode,
