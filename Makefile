@@ -48,7 +48,7 @@ check: fmt
 # packages with tests: go vet takes the rest (UNTESTED; compiled by then).
 #
 # What keeps it short (four and a half minutes on two cores from an empty
-# build cache: 265 and 277 s, and 261-302 s in seven runs of nearly the
+# build cache: 265 and 277 s, and 261-306 s in eight runs of nearly the
 # same code, by the machine's load):
 # - CIFLAGS: no DWARF from the compiler or the linker (a fifth less to
 #   compile and link; stack traces and race reports read the binary's
