@@ -140,8 +140,8 @@ func Start(o Options) (*Server, error) {
 	return s, nil
 }
 
-// initdb makes a cluster in data (a directory that must not exist or be
-// empty) whose superuser postgres has a new password, which it returns.
+// initdb makes a cluster in data (which must not exist) whose superuser
+// postgres has a new password, which it returns.
 func (s *Server) initdb(data string) (password string, err error) {
 	// A password, so tests can present a wrong one. initdb is given its
 	// SCRAM secret, which the server stores as it is (see scramSecret).
