@@ -47,9 +47,9 @@ check: fmt
 # package twice (go test runs a subset of vet itself). go test vets only
 # packages with tests: go vet takes the rest (UNTESTED; compiled by then).
 #
-# What keeps it short (four and a half minutes on two cores from an empty
-# build cache: 265 and 277 s, and 261-306 s in eight runs of nearly the
-# same code, by the machine's load):
+# What keeps it short (four and a half to five minutes on two cores from
+# an empty build cache: 265, 277 and 294 s, and 261-306 s in nine runs of
+# nearly the same code, by the machine's load):
 # - CIFLAGS: no DWARF from the compiler or the linker (a fifth less to
 #   compile and link; stack traces and race reports read the binary's
 #   own tables, not DWARF). Exported in GOFLAGS, so the go commands the
