@@ -196,13 +196,13 @@ func ownedPrivately(fi fs.FileInfo, err error) error {
 	if err != nil {
 		return err
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 || fi.Mode()&fs.ModeSymlink != 0 {
+	if ownerOf(fi) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 || fi.Mode()&fs.ModeSymlink != 0 {
 		return fmt.Errorf("not private to this user (%d): owner %d, mode %v", os.Geteuid(), ownerOf(fi), fi.Mode())
 	}
 	return nil
 }
 
+// ownerOf is fi's owner's uid, -1 where the system does not say.
 func ownerOf(fi fs.FileInfo) int {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		return int(st.Uid)
@@ -316,7 +316,7 @@ func (s *Server) makeTemplate(dir string) error {
 	data := filepath.Join(tmp, "data")
 	if s.cred != nil {
 		// initdb runs as the server's user: it passes through tmp to the
-		// data directory initdb gives it.
+		// data directory Server.initdb makes for it.
 		if err := os.Chmod(tmp, 0o711); err != nil {
 			return err
 		}
